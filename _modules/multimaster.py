@@ -1,0 +1,262 @@
+"""
+Multi-master helpers that run on master hosts (through their control minion) and on minions.
+
+The SLS files of the ``multimaster`` formula call these functions so that Jinja only renders data:
+``settings`` merges and validates the pillar, ``master_config``/``minion_config`` derive the
+``master.d``/``minion.d`` files, ``restart_minion`` restarts the minion after the current job.
+"""
+
+import logging
+import os
+import socket
+
+import salt.config
+from salt.exceptions import CommandExecutionError
+
+try:
+    import multimaster_daemon
+    import multimaster_settings
+
+    HAS_UTILS = True
+except ImportError:
+    HAS_UTILS = False
+
+log = logging.getLogger(__name__)
+
+__virtualname__ = "multimaster"
+
+_DEFAULTS_URL = "salt://multimaster/parameters/defaults.yaml"
+
+
+def __virtual__():
+    if not HAS_UTILS:
+        return (
+            False,
+            "multimaster: the multimaster_* utils are missing; run saltutil.sync_all",
+        )
+    return __virtualname__
+
+
+def _defaults(defaults):
+    if defaults is not None:
+        return defaults
+    if "multimaster.defaults" not in __context__:
+        import salt.utils.yaml
+
+        text = __salt__["cp.get_file_str"](_DEFAULTS_URL)
+        if not text:
+            raise CommandExecutionError(f"multimaster: cannot read {_DEFAULTS_URL}")
+        __context__["multimaster.defaults"] = salt.utils.yaml.safe_load(text)["values"]
+    return __context__["multimaster.defaults"]
+
+
+def _local_master(settings):
+    """
+    This host's master entry (the one whose control minion we are) with its paths resolved.
+    """
+    master = multimaster_settings.find_master(settings, __opts__["id"])
+    if master is None:
+        return None
+    config_dir = master.get("config_dir") or os.path.dirname(__opts__["conf_file"])
+    opts = salt.config.master_config(os.path.join(config_dir, "master"))
+    return dict(
+        master,
+        config_dir=config_dir,
+        pki_dir=opts["pki_dir"],
+        cachedir=opts["cachedir"],
+        pidfile=opts["pidfile"],
+        user=opts["user"],
+    )
+
+
+def settings(defaults=None):
+    """
+    Return the validated ``multimaster`` settings: pillar merged over the formula defaults, plus
+    ``local`` paths of this host (minion config and pki dirs, and the master entry this minion
+    controls, if any). Raises an error naming the bad pillar key before anything changes.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' multimaster.settings
+    """
+    merged = multimaster_settings.build(
+        __salt__["pillar.get"]("multimaster", {}), _defaults(defaults)
+    )
+    local_master = _local_master(merged)
+    merged["local"] = {
+        "minion_conf_dir": os.path.dirname(__opts__["conf_file"]),
+        "minion_pki_dir": __opts__["pki_dir"],
+        "minion_pidfile": __opts__["pidfile"],
+        "master": local_master,
+    }
+    merged["config"] = {
+        "minion": multimaster_settings.minion_config(merged),
+        "master": local_master and multimaster_settings.master_config(merged, local_master),
+    }
+    return merged
+
+
+def validate(defaults=None):
+    """
+    Check the ``multimaster`` pillar; True when valid, else an error naming the key and value.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' multimaster.validate
+    """
+    settings(defaults)
+    return True
+
+
+def master_config(defaults=None):
+    """
+    The ``master.d`` options for the master this control minion manages.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master2 multimaster.master_config
+    """
+    config = settings(defaults)["config"]["master"]
+    if config is None:
+        raise CommandExecutionError(
+            f"multimaster:masters: no entry has minion_id {__opts__['id']!r}; "
+            "apply multimaster.master only on the control minion of a listed master"
+        )
+    return config
+
+
+def minion_config(defaults=None):
+    """
+    The ``minion.d`` options (master list, master_type, failover settings) for this minion.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' multimaster.minion_config
+    """
+    return settings(defaults)["config"]["minion"]
+
+
+def key_file_problems(pki_dir, user):
+    """
+    List what is wrong with the master key files in ``pki_dir``: private keys must be regular
+    files, mode 0400, owned by ``user``; symlinks (Salt's ``master.pem`` compatibility links)
+    are followed to their target. Returns an empty list when all is well or no key exists yet.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master2 multimaster.key_file_problems /etc/salt/pki/master salt
+    """
+    import pwd
+
+    problems = []
+    try:
+        uid = pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return [f"user {user!r} does not exist"]
+    try:
+        names = sorted(os.listdir(pki_dir))
+    except FileNotFoundError:
+        return []
+    for name in names:
+        if not name.endswith((".pem", ".pub")):
+            continue
+        path = os.path.join(pki_dir, name)
+        real = os.path.realpath(path)
+        if not os.path.isfile(real):
+            problems.append(f"{path}: not a regular file")
+            continue
+        stat = os.stat(real)
+        mode = stat.st_mode & 0o777
+        private = name.endswith(".pem")
+        if private and mode != 0o400:
+            problems.append(f"{real}: mode {mode:04o}; expected 0400")
+        if not private and mode & 0o022:
+            problems.append(f"{real}: mode {mode:04o}; expected not group/world-writable")
+        if stat.st_uid != uid:
+            problems.append(f"{real}: owner uid {stat.st_uid}; expected {user} ({uid})")
+    return problems
+
+
+def restart_minion(service="salt-minion", delay=0):
+    """
+    Restart this salt-minion once the current job has returned: as a service where it is one,
+    else by re-running its own command line as a daemon. Does nothing (and says so) where no
+    salt-minion runs, e.g. ``salt-call --local`` in an image build.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' multimaster.restart_minion
+    """
+    return multimaster_daemon.schedule_restart(
+        __opts__["pidfile"], service, wait_pid=os.getpid(), delay=float(delay)
+    )
+
+
+def restart_master(pidfile, service="salt-master", delay=0):
+    """
+    Restart the salt-master recorded in ``pidfile`` once the current job has returned, the way
+    it runs (service or ``-d`` daemon). Does nothing (and says so) where it is not running.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master2 multimaster.restart_master /var/run/salt-master.pid
+    """
+    return multimaster_daemon.schedule_restart(
+        pidfile, service, wait_pid=os.getpid(), delay=float(delay)
+    )
+
+
+def active_master():
+    """
+    The master this minion is connected to right now (on a multi-master minion
+    ``__opts__["master"]`` names only the current one; ``master_list`` names all).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-call multimaster.active_master
+    """
+    return {
+        "master": __opts__.get("master"),
+        "master_list": __opts__.get("master_list", __opts__.get("master")),
+        "master_type": __opts__.get("master_type"),
+    }
+
+
+def check_masters(timeout=2, defaults=None):
+    """
+    Can this minion reach each master's publish and ret ports? One entry per master id.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' multimaster.check_masters timeout=1
+    """
+    merged = settings(defaults)
+    report = {}
+    for master in merged["masters"]:
+        entry = {"host": master["host"]}
+        for name, port in merged["ports"].items():
+            try:
+                with socket.create_connection((master["host"], port), timeout=float(timeout)):
+                    entry[name] = True
+            except OSError:
+                entry[name] = False
+        report[master["id"]] = entry
+    return report

@@ -1,0 +1,131 @@
+"""
+Restart a Salt daemon the way it runs: as a systemd service where it is one, otherwise by
+re-running its own command line as a ``-d`` daemon (pidfile), under whatever config dir it uses.
+
+The restart can wait for another process to end first: a minion restarting itself from inside a
+job must let that job send its return, or the highstate that changed the master list would never
+report back.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import psutil
+import salt.utils.files
+
+# Runs detached from the job: wait for the job process, then restart.  Kept as plain Python so the
+# watcher needs nothing but the interpreter the daemon already runs on.
+_WATCHER = r"""
+import json, os, signal, subprocess, sys, time
+import psutil
+
+spec = json.loads(sys.argv[1])
+
+def alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+deadline = time.time() + spec["wait_timeout"]
+while spec["wait_pid"] and alive(spec["wait_pid"]) and time.time() < deadline:
+    time.sleep(0.2)
+time.sleep(spec["delay"])
+if spec["service"]:
+    subprocess.call(["systemctl", "restart", spec["service"]])
+    sys.exit(0)
+if alive(spec["pid"]):
+    os.kill(spec["pid"], signal.SIGTERM)
+    deadline = time.time() + spec["stop_timeout"]
+    while alive(spec["pid"]) and time.time() < deadline:
+        time.sleep(0.2)
+    if alive(spec["pid"]):
+        os.kill(spec["pid"], signal.SIGKILL)
+subprocess.Popen(spec["cmdline"], cwd=spec["cwd"], start_new_session=True,
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+"""
+
+
+def read_pid(pidfile):
+    """
+    The pid in ``pidfile`` if that process is alive, else None.
+    """
+    try:
+        with salt.utils.files.fopen(pidfile) as handle:
+            pid = int(handle.read().strip())
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return pid
+    except (OSError, ValueError, psutil.Error):
+        return None
+
+
+def systemd_service_of(pid, service):
+    """
+    ``service`` when ``pid`` is that systemd unit's main process, else None.
+    """
+    if not os.path.isdir("/run/systemd/system") or not shutil.which("systemctl"):
+        return None
+    try:
+        out = subprocess.run(
+            ["systemctl", "show", "-p", "MainPID", "--value", service],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return service if out == str(pid) else None
+
+
+def daemon_cmdline(pid):
+    """
+    The command line that restarts process ``pid`` as a background daemon (adds ``-d``).
+    """
+    proc = psutil.Process(pid)
+    cmdline = proc.cmdline()
+    if "-d" not in cmdline and "--daemon" not in cmdline:
+        cmdline.append("-d")
+    return cmdline, proc.cwd()
+
+
+def schedule_restart(pidfile, service, wait_pid=None, delay=0.0, wait_timeout=600):
+    """
+    Restart the daemon recorded in ``pidfile`` from a detached process once ``wait_pid`` has ended.
+
+    Returns a dict describing what was scheduled; ``{"scheduled": False, ...}`` when no such
+    daemon runs (image builds, ``salt-call --local`` on a host without the service).
+    """
+    pid = read_pid(pidfile)
+    if pid is None:
+        return {"scheduled": False, "reason": f"no running daemon recorded in {pidfile}"}
+    if wait_pid == pid:
+        # The job runs inside the daemon itself (multiprocessing off): a delay is all we can do.
+        wait_pid, delay = None, max(delay, 5.0)
+    unit = systemd_service_of(pid, service)
+    cmdline, cwd = daemon_cmdline(pid)
+    spec = {
+        "pid": pid,
+        "wait_pid": wait_pid,
+        "wait_timeout": wait_timeout,
+        "stop_timeout": 30,
+        "delay": delay,
+        "service": unit,
+        "cmdline": cmdline,
+        "cwd": cwd,
+    }
+    subprocess.Popen(
+        [sys.executable, "-c", _WATCHER, json.dumps(spec)],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        close_fds=True,
+    )
+    how = f"systemctl restart {unit}" if unit else " ".join(cmdline)
+    return {"scheduled": True, "pid": pid, "how": how}

@@ -1,0 +1,274 @@
+"""
+The ``multimaster`` pillar: merge with the formula defaults, validate, and derive the master and
+minion configuration it implies.
+
+Pure logic shared by the execution module (which the SLS files call), the runner (which reads the
+same section from the master's own options) and the state module. Every error names the pillar key,
+the offending value and what was expected, and is raised before anything is written.
+"""
+
+import copy
+import json
+import os
+
+import multimaster_ids
+import salt.utils.dictupdate
+from salt.exceptions import SaltInvocationError
+
+MODES = ("hot", "failover", "cluster")
+IPC_MODES = ("ipc", "tcp")
+ROOT = "multimaster"
+
+
+class SettingsError(SaltInvocationError):
+    """
+    The ``multimaster`` pillar is not what the formula expects.
+    """
+
+
+def _fail(key, value, expected):
+    shown = json.dumps(value, default=str)
+    raise SettingsError(f"{ROOT}:{key}: got {shown}; expected {expected}")
+
+
+def _check_bool(data, key, where):
+    if key in data and not isinstance(data[key], bool):
+        _fail(f"{where}:{key}", data[key], "true or false")
+
+
+def _check_int(data, key, where, minimum=0):
+    value = data.get(key)
+    if key in data and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+        _fail(f"{where}:{key}", value, f"an integer >= {minimum}")
+
+
+def _check_port(value, key):
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        _fail(key, value, "an integer port between 1 and 65535")
+
+
+def _check_master(index, master, seen):
+    where = f"masters[{index}]"
+    if not isinstance(master, dict):
+        _fail(where, master, "a mapping with at least 'id' and 'host'")
+    multimaster_ids.check_id(master.get("id"), f"{ROOT}:{where}:id")
+    host = master.get("host")
+    if not isinstance(host, str) or not host or any(c.isspace() for c in host):
+        _fail(f"{where}:host", host, "the hostname or IP address minions use")
+    multimaster_ids.check_id(master.get("minion_id", master["id"]), f"{ROOT}:{where}:minion_id")
+    for key in ("config_dir",):
+        if key in master and (not isinstance(master[key], str) or not os.path.isabs(master[key])):
+            _fail(f"{where}:{key}", master[key], "an absolute path")
+    if "interface" in master and not isinstance(master["interface"], str):
+        _fail(f"{where}:interface", master["interface"], "an IP address to bind")
+    for key, value in (
+        ("id", master["id"]),
+        ("host", host),
+        ("minion_id", master.get("minion_id", master["id"])),
+    ):
+        if value in seen[key]:
+            _fail(f"{where}:{key}", value, f"a {key} not already used by another master")
+        seen[key].add(value)
+
+
+def _validate_pillar(pillar):
+    """
+    Checks that need the operator's own input (before defaults hide what was given).
+    """
+    if not isinstance(pillar, dict):
+        _fail("", pillar, "a mapping")
+    mode = pillar.get("mode", "hot")
+    if mode not in MODES:
+        _fail("mode", mode, "one of " + ", ".join(MODES))
+    if mode != "failover":
+        for key in ("failover", "signing"):
+            if key in pillar:
+                _fail(
+                    key,
+                    pillar[key],
+                    f"no '{key}' section with mode {mode!r} (it only applies to mode 'failover')",
+                )
+    masters = pillar.get("masters")
+    if not isinstance(masters, list) or not masters:
+        _fail("masters", masters, "a non-empty list of masters, the primary first")
+    seen = {"id": set(), "host": set(), "minion_id": set()}
+    for index, master in enumerate(masters):
+        _check_master(index, master, seen)
+
+
+def _validate_merged(settings):
+    for key in ("install_packages", "manage_services"):
+        _check_bool(settings, key, ROOT)
+        if not isinstance(settings.get(key), bool):
+            _fail(key, settings.get(key), "true or false")
+    ports = settings["ports"]
+    for key in ("publish", "ret"):
+        _check_port(ports.get(key), f"ports:{key}")
+    if ports["publish"] == ports["ret"]:
+        _fail("ports", ports, "different publish and ret ports")
+
+    failover = settings["failover"]
+    for key in ("failback_interval", "random_reauth_delay"):
+        _check_int(failover, key, "failover")
+    _check_int(failover, "alive_interval", "failover", minimum=1)
+    for key in ("failback", "shuffle"):
+        _check_bool(failover, key, "failover")
+    _check_bool(settings["signing"], "enabled", "signing")
+    signing = settings["signing"]
+    if signing["enabled"] and not str(signing.get("public_key", "")).startswith(
+        "-----BEGIN PUBLIC KEY-----"
+    ):
+        _fail(
+            "signing:public_key",
+            signing.get("public_key"),
+            "the masters' master_sign.pub as a PEM public key when signing is enabled",
+        )
+    balancer = settings["cluster"].get("balancer")
+    if settings["mode"] == "cluster" and (not isinstance(balancer, str) or not balancer):
+        _fail(
+            "cluster:balancer", balancer, "the load balancer address minions use in mode 'cluster'"
+        )
+
+    minion = settings["minion"]
+    _check_int(minion, "retry_dns", "minion")
+    _check_int(minion, "master_tries", "minion", minimum=-1)
+    if minion.get("ipc_mode") not in IPC_MODES:
+        _fail("minion:ipc_mode", minion.get("ipc_mode"), "one of " + ", ".join(IPC_MODES))
+    if minion["ipc_mode"] == "tcp":
+        used = {ports["publish"], ports["ret"]}
+        for key in ("tcp_pub_port", "tcp_pull_port"):
+            _check_port(minion.get(key), f"minion:{key}")
+            if minion[key] in used:
+                _fail(
+                    f"minion:{key}",
+                    minion[key],
+                    "a port not used by the masters or the other tcp port",
+                )
+            used.add(minion[key])
+
+    master = settings["master"]
+    for key in ("file_roots", "pillar_roots"):
+        roots = master.get(key)
+        if not isinstance(roots, dict) or not all(
+            isinstance(paths, list) and all(isinstance(p, str) and os.path.isabs(p) for p in paths)
+            for paths in roots.values()
+        ):
+            _fail(f"master:{key}", roots, "a mapping of environment to a list of absolute paths")
+    for key in ("acl", "config"):
+        if not isinstance(master.get(key), dict):
+            _fail(f"master:{key}", master.get(key), "a mapping of master options")
+    remotes = master["gitfs"].get("remotes")
+    if not isinstance(remotes, list):
+        _fail("master:gitfs:remotes", remotes, "a list of git remote URLs")
+
+
+def build(pillar, defaults):
+    """
+    Merge ``pillar`` (the ``multimaster`` pillar section) over ``defaults`` and validate.
+
+    Returns the merged settings; masters get ``minion_id`` filled in. Raises ``SettingsError``.
+    """
+    _validate_pillar(pillar)
+    settings = salt.utils.dictupdate.update(
+        copy.deepcopy(defaults), copy.deepcopy(pillar), recursive_update=True
+    )
+    _validate_merged(settings)
+    for master in settings["masters"]:
+        master.setdefault("minion_id", master["id"])
+    return settings
+
+
+def primary(settings):
+    """
+    The first master: the source of truth for key acceptance and for roots.
+    """
+    return settings["masters"][0]
+
+
+def find_master(settings, minion_id):
+    """
+    The master entry whose control minion is ``minion_id``, or None.
+    """
+    for master in settings["masters"]:
+        if master["minion_id"] == minion_id:
+            return master
+    return None
+
+
+def runner_section(settings):
+    """
+    What the masters keep under ``multimaster:`` in their own config for the runners to read.
+    """
+    return {
+        key: copy.deepcopy(settings[key])
+        for key in ("mode", "ports", "masters", "failover", "signing", "manage_services")
+    }
+
+
+def master_config(settings, master):
+    """
+    The ``master.d`` options for ``master`` (an entry of ``settings["masters"]``).
+    """
+    section = settings["master"]
+    config = {
+        "interface": master.get("interface", section["interface"]),
+        "publish_port": settings["ports"]["publish"],
+        "ret_port": settings["ports"]["ret"],
+        "file_roots": section["file_roots"],
+        "pillar_roots": section["pillar_roots"],
+        ROOT: runner_section(settings),
+    }
+    # Identical on every master: masters with different ACLs each hold independent control.
+    config.update(section["acl"])
+    if settings["mode"] == "failover" and settings["signing"]["enabled"]:
+        config["master_sign_pubkey"] = True
+    gitfs = section["gitfs"]
+    if gitfs["remotes"]:
+        config["fileserver_backend"] = ["roots", "gitfs"]
+        config["gitfs_provider"] = gitfs["provider"]
+        config["gitfs_remotes"] = gitfs["remotes"]
+    config.update(section["config"])
+    return config
+
+
+def minion_config(settings):
+    """
+    The ``minion.d`` options that make a minion hot, failover or cluster-balanced.
+    """
+    mode = settings["mode"]
+    minion = settings["minion"]
+    if mode == "cluster":
+        hosts = [settings["cluster"]["balancer"]]
+    else:
+        hosts = [master["host"] for master in settings["masters"]]
+    config = {
+        "master": hosts,
+        "master_port": settings["ports"]["ret"],
+        "publish_port": settings["ports"]["publish"],
+        "master_type": "failover" if mode == "failover" else "str",
+        "retry_dns": minion["retry_dns"],
+        "master_tries": minion["master_tries"],
+    }
+    if mode == "failover":
+        failover = settings["failover"]
+        config.update(
+            {
+                "master_alive_interval": failover["alive_interval"],
+                "master_failback": failover["failback"],
+                "master_failback_interval": failover["failback_interval"],
+                "random_master": failover["shuffle"],
+                "random_reauth_delay": failover["random_reauth_delay"],
+            }
+        )
+        if settings["signing"]["enabled"]:
+            config["verify_master_pubkey_sign"] = True
+    if minion["ipc_mode"] == "tcp":
+        # Salt 3008 runs one minion event bus for all master connections: one port pair.
+        config.update(
+            {
+                "ipc_mode": "tcp",
+                "tcp_pub_port": minion["tcp_pub_port"],
+                "tcp_pull_port": minion["tcp_pull_port"],
+            }
+        )
+    return config

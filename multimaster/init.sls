@@ -1,0 +1,10 @@
+# -*- coding: utf-8 -*-
+# vim: ft=sls
+{%- set tplroot = tpldir.split("/")[0] %}
+{%- from tplroot ~ "/map.jinja" import mapdata with context %}
+
+include:
+{%- if mapdata.local.master %}
+  - .master
+{%- endif %}
+  - .minion

@@ -1,0 +1,26 @@
+# -*- coding: utf-8 -*-
+# vim: ft=sls
+{%- set tplroot = tpldir.split("/")[0] %}
+{%- from tplroot ~ "/map.jinja" import mapdata with context %}
+{%- set master = mapdata.local.master %}
+
+{%- if master %}
+
+multimaster-master-clean-config-file-absent:
+  file.absent:
+    - name: {{ master.config_dir }}/master.d/{{ mapdata.lookup.config_file }}
+{%-   if mapdata.manage_services %}
+
+multimaster-master-clean-master-restarted:
+  multimaster.master_restarted:
+    - pidfile: {{ master.pidfile }}
+    - service: {{ mapdata.lookup.master.service }}
+    - onchanges:
+      - file: multimaster-master-clean-config-file-absent
+{%-   endif %}
+{%- else %}
+
+multimaster-master-clean-nothing-to-do:
+  test.nop:
+    - name: this minion controls no listed master
+{%- endif %}

@@ -1,0 +1,28 @@
+# -*- coding: utf-8 -*-
+# vim: ft=sls
+{%- set tplroot = tpldir.split("/")[0] %}
+{%- from tplroot ~ "/map.jinja" import mapdata with context %}
+{%- set master = mapdata.local.master %}
+
+{%- if master %}
+
+multimaster-master-config-file-managed:
+  file.serialize:
+    - name: {{ master.config_dir }}/master.d/{{ mapdata.lookup.config_file }}
+    - dataset: {{ mapdata.config.master | json }}
+    - serializer: yaml
+    - mode: '0640'
+    - makedirs: true
+
+multimaster-master-config-key-files-secure:
+  multimaster.master_key_files_secure:
+    - pki_dir: {{ master.pki_dir }}
+    - user: {{ master.user }}
+{%- else %}
+
+multimaster-master-config-not-a-control-minion:
+  test.fail_without_changes:
+    - name: >-
+        multimaster:masters: no entry has minion_id {{ grains.id }};
+        apply multimaster.master only on the control minion of a listed master
+{%- endif %}

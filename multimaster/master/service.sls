@@ -1,0 +1,32 @@
+# -*- coding: utf-8 -*-
+# vim: ft=sls
+{%- set tplroot = tpldir.split("/")[0] %}
+{%- from tplroot ~ "/map.jinja" import mapdata with context %}
+{%- set master = mapdata.local.master %}
+
+include:
+  - .config
+
+{%- if mapdata.manage_services and master %}
+{%-   if mapdata.install_packages %}
+
+{#- Installed from packages: a system service, kept enabled and running. #}
+multimaster-master-service-running-service-running:
+  service.running:
+    - name: {{ mapdata.lookup.master.service }}
+    - enable: true
+{%-   endif %}
+
+{#- After this job returns, so a master never drops the return of the job that reconfigured it. #}
+multimaster-master-service-running-master-restarted:
+  multimaster.master_restarted:
+    - pidfile: {{ master.pidfile }}
+    - service: {{ mapdata.lookup.master.service }}
+    - onchanges:
+      - file: multimaster-master-config-file-managed
+{%- else %}
+
+multimaster-master-service-unmanaged:
+  test.nop:
+    - name: manage_services is false; restart salt-master yourself after config changes
+{%- endif %}

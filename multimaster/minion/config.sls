@@ -1,0 +1,31 @@
+# -*- coding: utf-8 -*-
+# vim: ft=sls
+{%- set tplroot = tpldir.split("/")[0] %}
+{%- from tplroot ~ "/map.jinja" import mapdata with context %}
+{%- set local = mapdata.local %}
+
+{%- if mapdata.install_packages %}
+
+multimaster-minion-config-pkg-installed:
+  pkg.installed:
+    - name: {{ mapdata.lookup.minion.pkg }}
+    - require_in:
+      - file: multimaster-minion-config-file-managed
+{%- endif %}
+
+multimaster-minion-config-file-managed:
+  file.serialize:
+    - name: {{ local.minion_conf_dir }}/minion.d/{{ mapdata.lookup.config_file }}
+    - dataset: {{ mapdata.config.minion | json }}
+    - serializer: yaml
+    - mode: '0644'
+    - makedirs: true
+{%- if mapdata.mode == "failover" and mapdata.signing.enabled %}
+
+multimaster-minion-config-signing-pubkey-managed:
+  file.managed:
+    - name: {{ local.minion_pki_dir }}/master_sign.pub
+    - contents: {{ mapdata.signing.public_key | json }}
+    - mode: '0644'
+    - makedirs: true
+{%- endif %}
