@@ -10,6 +10,7 @@ the offending value and what was expected, and is raised before anything is writ
 import copy
 import json
 import os
+import re
 
 import multimaster_ids
 import salt.utils.dictupdate
@@ -18,6 +19,7 @@ from salt.exceptions import SaltInvocationError
 MODES = ("hot", "failover", "cluster")
 IPC_MODES = ("ipc", "tcp")
 ROOT = "multimaster"
+_CONFIG_FILE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.conf\Z")
 
 
 class SettingsError(SaltInvocationError):
@@ -28,7 +30,14 @@ class SettingsError(SaltInvocationError):
 
 def _fail(key, value, expected):
     shown = json.dumps(value, default=str)
-    raise SettingsError(f"{ROOT}:{key}: got {shown}; expected {expected}")
+    name = f"{ROOT}:{key}" if key else ROOT
+    raise SettingsError(f"{name}: got {shown}; expected {expected}")
+
+
+def _check_mapping(data, key, where=""):
+    name = f"{where}:{key}" if where else key
+    if not isinstance(data.get(key), dict):
+        _fail(name, data.get(key), "a mapping")
 
 
 def _check_bool(data, key, where):
@@ -47,15 +56,22 @@ def _check_port(value, key):
         _fail(key, value, "an integer port between 1 and 65535")
 
 
+def _check_id(value, key):
+    try:
+        multimaster_ids.check_id(value, f"{ROOT}:{key}")
+    except SaltInvocationError as exc:
+        raise SettingsError(str(exc)) from None
+
+
 def _check_master(index, master, seen):
     where = f"masters[{index}]"
     if not isinstance(master, dict):
         _fail(where, master, "a mapping with at least 'id' and 'host'")
-    multimaster_ids.check_id(master.get("id"), f"{ROOT}:{where}:id")
+    _check_id(master.get("id"), f"{where}:id")
     host = master.get("host")
     if not isinstance(host, str) or not host or any(c.isspace() for c in host):
         _fail(f"{where}:host", host, "the hostname or IP address minions use")
-    multimaster_ids.check_id(master.get("minion_id", master["id"]), f"{ROOT}:{where}:minion_id")
+    _check_id(master.get("minion_id", master["id"]), f"{where}:minion_id")
     for key in ("config_dir",):
         if key in master and (not isinstance(master[key], str) or not os.path.isabs(master[key])):
             _fail(f"{where}:{key}", master[key], "an absolute path")
@@ -67,7 +83,7 @@ def _check_master(index, master, seen):
         ("minion_id", master.get("minion_id", master["id"])),
     ):
         if value in seen[key]:
-            _fail(f"{where}:{key}", value, f"a {key} not already used by another master")
+            _fail(f"{where}:{key}", value, f"each master's {key} to be unique")
         seen[key].add(value)
 
 
@@ -97,8 +113,19 @@ def _validate_pillar(pillar):
 
 
 def _validate_merged(settings):
+    for key in ("ports", "failover", "signing", "cluster", "minion", "master", "lookup"):
+        _check_mapping(settings, key)
+    _check_mapping(settings["master"], "gitfs", "master")
+    for key in ("master", "minion"):
+        _check_mapping(settings["lookup"], key, "lookup")
+    config_file = settings["lookup"].get("config_file")
+    if not isinstance(config_file, str) or not _CONFIG_FILE_RE.match(config_file):
+        _fail(
+            "lookup:config_file",
+            config_file,
+            "a file name ending in '.conf' (Salt only includes master.d/*.conf, minion.d/*.conf)",
+        )
     for key in ("install_packages", "manage_services"):
-        _check_bool(settings, key, ROOT)
         if not isinstance(settings.get(key), bool):
             _fail(key, settings.get(key), "true or false")
     ports = settings["ports"]

@@ -1,0 +1,16 @@
+import pytest
+
+from .helpers import read_defaults
+
+
+@pytest.fixture
+def defaults():
+    return read_defaults()
+
+
+@pytest.fixture
+def masters():
+    return [
+        {"id": "master1", "host": "10.0.3.61"},
+        {"id": "master2", "host": "10.0.3.230"},
+    ]

@@ -1,0 +1,35 @@
+"""
+Shared by the unit tests: the repository root, the formula's ``_utils`` on ``sys.path`` (as Salt
+puts ``extmods/utils`` there for loaded modules), the formula defaults, and loading ``_modules``/
+``_states`` files under distinct module names (they are all called ``multimaster``).
+"""
+
+import importlib.util
+import pathlib
+import sys
+
+import salt.utils.yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+UTILS = ROOT / "_utils"
+
+if str(UTILS) not in sys.path:
+    sys.path.insert(0, str(UTILS))
+
+
+def load_module(name, relpath):
+    """
+    Import ``relpath`` (relative to the repository root) as a fresh module called ``name``.
+    """
+    spec = importlib.util.spec_from_file_location(name, ROOT / relpath)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_defaults():
+    """
+    The ``values`` of ``multimaster/parameters/defaults.yaml``.
+    """
+    with open(ROOT / "multimaster" / "parameters" / "defaults.yaml", encoding="utf-8") as handle:
+        return salt.utils.yaml.safe_load(handle)["values"]

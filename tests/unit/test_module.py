@@ -1,0 +1,263 @@
+"""
+The execution module ``_modules/multimaster.py``, loaded under its own name with the loader
+dunders as plain dicts. Files and sockets are real (in tmp_path); nothing is mocked but the
+pillar and Salt's ``cp`` module.
+"""
+
+import os
+import pwd
+import socket
+
+import multimaster_settings
+import pytest
+import salt.utils.yaml
+from salt.exceptions import CommandExecutionError
+
+from .helpers import ROOT, load_module, read_defaults
+
+
+def other_user():
+    """
+    A user that does not own the files this test process creates.
+    """
+    for entry in pwd.getpwall():
+        if entry.pw_uid != os.getuid():
+            return entry.pw_name
+    pytest.skip("no second user on this system")
+
+
+@pytest.fixture
+def mod(tmp_path):
+    module = load_module("multimaster_mod", "_modules/multimaster.py")
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "minion").write_text("")
+    with open(conf / "master", "w", encoding="utf-8") as handle:
+        salt.utils.yaml.safe_dump(
+            {
+                "pki_dir": str(tmp_path / "master-pki"),
+                "cachedir": str(tmp_path / "master-cache"),
+                "pidfile": str(tmp_path / "master.pid"),
+                "user": pwd.getpwuid(os.getuid()).pw_name,
+            },
+            handle,
+        )
+    pillar = {
+        "multimaster": {
+            "masters": [
+                {"id": "master1", "host": "10.0.3.61", "config_dir": "/nonexistent/master1"},
+                {"id": "master2", "host": "10.0.3.230"},
+            ]
+        }
+    }
+    module.__pillar__ = pillar
+    module.__salt__ = {"pillar.get": lambda key, default=None: pillar.get(key, default)}
+    module.__opts__ = {
+        "id": "master2",
+        "conf_file": str(conf / "minion"),
+        "pki_dir": str(tmp_path / "minion-pki"),
+        "pidfile": str(tmp_path / "minion.pid"),
+    }
+    module.__context__ = {}
+    return module
+
+
+def test_virtual(mod):
+    assert mod.__virtual__() == "multimaster"
+
+
+def test_settings_merges_validates_and_resolves_local_paths(mod, tmp_path, defaults):
+    settings = mod.settings(defaults)
+    assert [m["minion_id"] for m in settings["masters"]] == ["master1", "master2"]
+    local = settings["local"]
+    assert local["minion_conf_dir"] == str(tmp_path / "conf")
+    assert local["minion_pki_dir"] == str(tmp_path / "minion-pki")
+    assert local["minion_pidfile"] == str(tmp_path / "minion.pid")
+    master = local["master"]
+    assert master["id"] == "master2"
+    # No config_dir in pillar: the control minion's own config dir, read for the master's paths.
+    assert master["config_dir"] == str(tmp_path / "conf")
+    assert master["pki_dir"] == str(tmp_path / "master-pki")
+    assert master["cachedir"] == str(tmp_path / "master-cache")
+    assert master["pidfile"] == str(tmp_path / "master.pid")
+    assert settings["config"]["minion"]["master"] == ["10.0.3.61", "10.0.3.230"]
+    assert settings["config"]["master"]["multimaster"]["masters"][1]["id"] == "master2"
+    assert mod.minion_config(defaults) == settings["config"]["minion"]
+    assert mod.master_config(defaults) == settings["config"]["master"]
+    assert mod.validate(defaults) is True
+
+
+def test_settings_reads_formula_defaults_once(mod):
+    text = (ROOT / "multimaster" / "parameters" / "defaults.yaml").read_text()
+    calls = []
+
+    def get_file_str(url):
+        calls.append(url)
+        return text
+
+    mod.__salt__["cp.get_file_str"] = get_file_str
+    mod.settings()
+    mod.settings()
+    assert calls == ["salt://multimaster/parameters/defaults.yaml"]
+    assert mod.__context__["multimaster.defaults"] == read_defaults()
+
+
+def test_missing_defaults_file_is_an_error(mod):
+    mod.__salt__["cp.get_file_str"] = lambda url: False
+    with pytest.raises(CommandExecutionError, match="cannot read salt://multimaster/parameters"):
+        mod.settings()
+
+
+def test_bad_pillar_raises_naming_the_key(mod, defaults):
+    mod.__pillar__["multimaster"]["mode"] = "standby"
+    with pytest.raises(
+        multimaster_settings.SettingsError, match=r'^multimaster:mode: got "standby"'
+    ):
+        mod.validate(defaults)
+    with pytest.raises(multimaster_settings.SettingsError):
+        mod.minion_config(defaults)
+
+
+def test_master_config_refused_off_a_control_minion(mod, defaults):
+    mod.__opts__["id"] = "web1"
+    settings = mod.settings(defaults)
+    assert settings["local"]["master"] is None
+    assert settings["config"]["master"] is None
+    # A plain minion still gets its minion config.
+    assert settings["config"]["minion"]["master_type"] == "str"
+    with pytest.raises(CommandExecutionError) as err:
+        mod.master_config(defaults)
+    assert "multimaster:masters: no entry has minion_id 'web1'" in str(err.value)
+
+
+def test_explicit_config_dir_is_used(mod, tmp_path, defaults):
+    mod.__opts__["id"] = "master1"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "master").write_text(f"pki_dir: {tmp_path / 'other-pki'}\n")
+    mod.__pillar__["multimaster"]["masters"][0]["config_dir"] = str(other)
+    master = mod.settings(defaults)["local"]["master"]
+    assert master["config_dir"] == str(other)
+    assert master["pki_dir"] == str(tmp_path / "other-pki")
+
+
+# --- key_file_problems ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def pki(tmp_path):
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    for name, mode in (("master1.pem", 0o400), ("master1.pub", 0o644)):
+        (pki / name).write_text(name)
+        os.chmod(pki / name, mode)
+    # Salt 3008 makes master.pem/master.pub compatibility symlinks to the id-named files.
+    os.symlink("master1.pem", pki / "master.pem")
+    os.symlink("master1.pub", pki / "master.pub")
+    (pki / "minions").mkdir()
+    return pki
+
+
+def me():
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def test_key_files_ok(mod, pki):
+    assert mod.key_file_problems(str(pki), me()) == []
+
+
+def test_world_readable_private_key_is_reported(mod, pki):
+    os.chmod(pki / "master1.pem", 0o644)
+    problems = mod.key_file_problems(str(pki), me())
+    # Reported once through the symlink (followed to its target) and once directly.
+    assert problems == [f"{pki / 'master1.pem'}: mode 0644; expected 0400"] * 2
+
+
+def test_symlink_is_followed_to_its_target(mod, pki, tmp_path):
+    outside = tmp_path / "elsewhere.pem"
+    outside.write_text("key")
+    os.chmod(outside, 0o600)
+    os.unlink(pki / "master.pem")
+    os.symlink(outside, pki / "master.pem")
+    assert mod.key_file_problems(str(pki), me()) == [f"{outside}: mode 0600; expected 0400"]
+
+
+def test_dangling_symlink_and_directory_are_not_regular_files(mod, pki):
+    os.unlink(pki / "master.pem")
+    os.symlink("gone.pem", pki / "master.pem")
+    (pki / "odd.pub").mkdir()
+    assert mod.key_file_problems(str(pki), me()) == [
+        f"{pki / 'master.pem'}: not a regular file",
+        f"{pki / 'odd.pub'}: not a regular file",
+    ]
+
+
+def test_writable_public_key_is_reported(mod, pki):
+    os.chmod(pki / "master1.pub", 0o666)
+    problems = mod.key_file_problems(str(pki), me())
+    assert f"{pki / 'master1.pub'}: mode 0666; expected not group/world-writable" in problems
+
+
+def test_wrong_owner_is_reported(mod, pki):
+    user = other_user()
+    uid = pwd.getpwnam(user).pw_uid
+    problems = mod.key_file_problems(str(pki), user)
+    assert f"{pki / 'master1.pem'}: owner uid {os.getuid()}; expected {user} ({uid})" in problems
+    assert len(problems) == 4  # both files, each also through its symlink
+
+
+def test_unknown_user_and_missing_dir(mod, pki, tmp_path):
+    assert mod.key_file_problems(str(pki), "no-such-user-xyz") == [
+        "user 'no-such-user-xyz' does not exist"
+    ]
+    assert mod.key_file_problems(str(tmp_path / "missing"), me()) == []
+
+
+# --- restarts, active master, reachability ------------------------------------------------
+
+
+def test_restart_minion_without_a_running_minion_does_nothing(mod, tmp_path):
+    result = mod.restart_minion()
+    assert result == {
+        "scheduled": False,
+        "reason": f"no running daemon recorded in {tmp_path / 'minion.pid'}",
+    }
+
+
+def test_restart_master_not_running(mod, tmp_path):
+    (tmp_path / "master.pid").write_text("not a pid\n")
+    assert mod.restart_master(str(tmp_path / "master.pid"))["scheduled"] is False
+
+
+def test_active_master(mod):
+    mod.__opts__.update(master="10.0.3.61", master_list=["10.0.3.61", "10.0.3.230"])
+    mod.__opts__["master_type"] = "failover"
+    assert mod.active_master() == {
+        "master": "10.0.3.61",
+        "master_list": ["10.0.3.61", "10.0.3.230"],
+        "master_type": "failover",
+    }
+    del mod.__opts__["master_list"]
+    assert mod.active_master()["master_list"] == "10.0.3.61"
+
+
+def test_check_masters_reports_each_port(mod, defaults):
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    try:
+        publish, ret = (s.getsockname()[1] for s in listeners)
+        mod.__pillar__["multimaster"] = {
+            "ports": {"publish": publish, "ret": ret},
+            "masters": [
+                {"id": "up", "host": "127.0.0.1"},
+                # Loopback, but nothing listens on 127.0.0.2: refused at once.
+                {"id": "down", "host": "127.0.0.2"},
+            ],
+        }
+        report = mod.check_masters(timeout=2, defaults=defaults)
+    finally:
+        for listener in listeners:
+            listener.close()
+    assert report == {
+        "up": {"host": "127.0.0.1", "publish": True, "ret": True},
+        "down": {"host": "127.0.0.2", "publish": False, "ret": False},
+    }

@@ -1,0 +1,192 @@
+"""
+The good path of ``multimaster_settings``: merging over the defaults, and the master and minion
+configuration each mode implies.
+"""
+
+import copy
+
+import multimaster_settings as ms
+import pytest
+
+PEM = "-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----\n"
+
+
+def build(defaults, **pillar):
+    pillar.setdefault(
+        "masters",
+        [{"id": "master1", "host": "10.0.3.61"}, {"id": "master2", "host": "10.0.3.230"}],
+    )
+    return ms.build(pillar, defaults)
+
+
+def test_merge_over_defaults_keeps_what_pillar_does_not_set(defaults):
+    settings = build(defaults, ports={"publish": 5505}, minion={"retry_dns": 5})
+    assert settings["mode"] == "hot"
+    assert settings["ports"] == {"publish": 5505, "ret": 4506}
+    assert settings["minion"]["retry_dns"] == 5
+    assert settings["minion"]["master_tries"] == defaults["minion"]["master_tries"]
+    assert settings["failover"] == defaults["failover"]
+    assert settings["lookup"] == defaults["lookup"]
+    assert settings["install_packages"] is True
+    assert settings["manage_services"] is True
+
+
+def test_build_changes_neither_pillar_nor_defaults(defaults):
+    pillar = {"mode": "hot", "masters": [{"id": "master1", "host": "h1"}], "ports": {"ret": 5506}}
+    pillar_before, defaults_before = copy.deepcopy(pillar), copy.deepcopy(defaults)
+    settings = ms.build(pillar, defaults)
+    settings["masters"][0]["host"] = "changed"
+    settings["ports"]["publish"] = 1
+    assert pillar == pillar_before
+    assert defaults == defaults_before
+
+
+def test_lookup_is_overridable_from_pillar(defaults):
+    settings = build(
+        defaults, lookup={"config_file": "zz-multimaster.conf", "minion": {"service": "minion"}}
+    )
+    assert settings["lookup"]["config_file"] == "zz-multimaster.conf"
+    assert settings["lookup"]["minion"] == {"pkg": "salt-minion", "service": "minion"}
+    assert settings["lookup"]["master"] == defaults["lookup"]["master"]
+
+
+def test_minion_id_defaults_to_the_master_id(defaults):
+    settings = build(
+        defaults,
+        masters=[
+            {"id": "master1", "host": "10.0.3.61"},
+            {"id": "master2", "host": "10.0.3.230", "minion_id": "ctl2"},
+        ],
+    )
+    assert [m["minion_id"] for m in settings["masters"]] == ["master1", "ctl2"]
+    assert ms.primary(settings)["id"] == "master1"
+    assert ms.find_master(settings, "ctl2")["id"] == "master2"
+    assert ms.find_master(settings, "master2") is None
+
+
+def test_hot_configs(defaults):
+    settings = build(defaults)
+    minion = ms.minion_config(settings)
+    assert minion == {
+        "master": ["10.0.3.61", "10.0.3.230"],
+        "master_port": 4506,
+        "publish_port": 4505,
+        "master_type": "str",
+        "retry_dns": 30,
+        "master_tries": 1,
+    }
+    master = ms.master_config(settings, settings["masters"][1])
+    assert master["interface"] == "0.0.0.0"
+    assert (master["publish_port"], master["ret_port"]) == (4505, 4506)
+    assert master["file_roots"] == {"base": ["/srv/salt"]}
+    assert master["pillar_roots"] == {"base": ["/srv/pillar"]}
+    section = master["multimaster"]
+    assert section == ms.runner_section(settings)
+    assert {"mode", "ports", "masters", "manage_services"} <= set(section)
+    assert not {"master", "minion", "lookup", "install_packages"} & set(section)
+    assert section["mode"] == "hot"
+    assert [m["minion_id"] for m in section["masters"]] == ["master1", "master2"]
+    for key in ("master_sign_pubkey", "fileserver_backend", "gitfs_remotes", "gitfs_provider"):
+        assert key not in master
+
+
+def test_per_master_interface_wins(defaults):
+    settings = build(
+        defaults,
+        masters=[
+            {"id": "m1", "host": "127.0.0.2", "interface": "127.0.0.2"},
+            {"id": "m2", "host": "h"},
+        ],
+        master={"interface": "127.0.0.1"},
+    )
+    assert ms.master_config(settings, settings["masters"][0])["interface"] == "127.0.0.2"
+    assert ms.master_config(settings, settings["masters"][1])["interface"] == "127.0.0.1"
+
+
+def test_failover_configs(defaults):
+    settings = build(
+        defaults,
+        mode="failover",
+        failover={"alive_interval": 10, "failback": True, "shuffle": True},
+    )
+    minion = ms.minion_config(settings)
+    assert minion["master_type"] == "failover"
+    assert minion["master"] == ["10.0.3.61", "10.0.3.230"]
+    assert minion["master_alive_interval"] == 10
+    assert minion["master_failback"] is True
+    assert minion["master_failback_interval"] == 30
+    assert minion["random_master"] is True
+    assert minion["random_reauth_delay"] == 60
+    assert "verify_master_pubkey_sign" not in minion
+    master = ms.master_config(settings, settings["masters"][0])
+    assert "master_sign_pubkey" not in master
+    assert master["multimaster"]["failover"]["alive_interval"] == 10
+
+
+def test_failover_with_signing_configs(defaults):
+    settings = build(defaults, mode="failover", signing={"enabled": True, "public_key": PEM})
+    assert ms.minion_config(settings)["verify_master_pubkey_sign"] is True
+    master = ms.master_config(settings, settings["masters"][0])
+    assert master["master_sign_pubkey"] is True
+    assert master["multimaster"]["signing"] == {"enabled": True, "public_key": PEM}
+
+
+def test_cluster_minions_know_only_the_balancer(defaults):
+    settings = build(defaults, mode="cluster", cluster={"balancer": "lb.example.com"})
+    minion = ms.minion_config(settings)
+    assert minion["master"] == ["lb.example.com"]
+    assert minion["master_type"] == "str"
+    assert "master_alive_interval" not in minion
+
+
+def test_ipc_mode_tcp(defaults):
+    settings = build(defaults, minion={"ipc_mode": "tcp", "tcp_pub_port": 4600})
+    minion = ms.minion_config(settings)
+    assert (minion["ipc_mode"], minion["tcp_pub_port"], minion["tcp_pull_port"]) == (
+        "tcp",
+        4600,
+        4511,
+    )
+
+
+def test_ipc_mode_ipc_writes_no_tcp_ports(defaults):
+    minion = ms.minion_config(build(defaults))
+    assert not {"ipc_mode", "tcp_pub_port", "tcp_pull_port"} & set(minion)
+
+
+def test_gitfs_remotes(defaults):
+    remotes = ["https://git.example.com/salt/multimaster-formula.git"]
+    settings = build(defaults, master={"gitfs": {"remotes": remotes}})
+    master = ms.master_config(settings, settings["masters"][0])
+    assert master["fileserver_backend"] == ["roots", "gitfs"]
+    assert master["gitfs_provider"] == "pygit2"
+    assert master["gitfs_remotes"] == remotes
+
+
+def test_acl_is_passed_through_identically_to_every_master(defaults):
+    acl = {
+        "publisher_acl": {"deploy": [{"web*": ["state.apply"]}]},
+        "external_auth": {"pam": {"saltadm%": [".*", "@runner"]}},
+    }
+    settings = build(defaults, master={"acl": copy.deepcopy(acl)})
+    configs = [ms.master_config(settings, master) for master in settings["masters"]]
+    for config in configs:
+        assert config["publisher_acl"] == acl["publisher_acl"]
+        assert config["external_auth"] == acl["external_auth"]
+    assert configs[0] == configs[1]
+
+
+def test_config_passthrough_is_applied_last(defaults):
+    settings = build(defaults, master={"config": {"worker_threads": 3, "interface": "127.0.0.9"}})
+    master = ms.master_config(settings, settings["masters"][0])
+    assert master["worker_threads"] == 3
+    assert master["interface"] == "127.0.0.9"
+
+
+@pytest.mark.parametrize("mode", ["hot", "failover", "cluster"])
+def test_every_mode_builds_with_minimal_pillar(defaults, mode):
+    extra = {"cluster": {"balancer": "lb"}} if mode == "cluster" else {}
+    settings = build(defaults, mode=mode, **extra)
+    assert settings["mode"] == mode
+    assert ms.minion_config(settings)["master"]
+    assert ms.master_config(settings, ms.primary(settings))["multimaster"]["mode"] == mode

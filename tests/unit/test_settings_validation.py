@@ -1,0 +1,422 @@
+"""
+Every bad ``multimaster`` pillar is refused by ``multimaster_settings.build`` with one message that
+names the pillar key, shows the bad value and says what was expected (DESIGN.md §6.16).
+"""
+
+import copy
+import json
+
+import multimaster_settings
+import pytest
+from salt.exceptions import SaltInvocationError
+
+M1 = {"id": "master1", "host": "10.0.3.61"}
+M2 = {"id": "master2", "host": "10.0.3.230"}
+PEM = "-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----\n"
+ID_EXPECTED = "expected 1-64 bytes of letters, digits"
+
+
+def pillar(**overrides):
+    data = {"masters": [dict(M1), dict(M2)]}
+    data.update(copy.deepcopy(overrides))
+    return data
+
+
+def failover(**overrides):
+    return pillar(mode="failover", **overrides)
+
+
+def js(value):
+    """
+    How ``_fail`` shows a value.
+    """
+    return json.dumps(value)
+
+
+# (pillar, the key the message must name, how the bad value is shown, what was expected)
+CASES = {
+    # mode
+    "unknown-mode": (pillar(mode="active"), "mode", js("active"), "one of hot, failover, cluster"),
+    "mode-not-a-string": (pillar(mode=["hot"]), "mode", js(["hot"]), "one of hot, failover"),
+    # masters
+    "masters-empty": (pillar(masters=[]), "masters", "[]", "a non-empty list of masters"),
+    "masters-missing": ({"mode": "hot"}, "masters", "null", "a non-empty list of masters"),
+    "masters-a-mapping": (
+        pillar(masters={"id": "master1"}),
+        "masters",
+        js({"id": "master1"}),
+        "a non-empty list",
+    ),
+    "master-not-a-mapping": (
+        pillar(masters=["master1"]),
+        "masters[0]",
+        js("master1"),
+        "a mapping with at least 'id' and 'host'",
+    ),
+    "duplicate-id": (
+        pillar(masters=[M1, dict(M2, id="master1")]),
+        "masters[1]:id",
+        js("master1"),
+        "each master's id to be unique",
+    ),
+    "duplicate-host": (
+        pillar(masters=[M1, dict(M2, host="10.0.3.61")]),
+        "masters[1]:host",
+        js("10.0.3.61"),
+        "each master's host to be unique",
+    ),
+    "duplicate-minion-id": (
+        pillar(masters=[M1, dict(M2, minion_id="master1")]),
+        "masters[1]:minion_id",
+        js("master1"),
+        "each master's minion_id to be unique",
+    ),
+    "duplicate-default-minion-id": (
+        pillar(masters=[dict(M1, minion_id="ctl"), dict(M2, id="ctl")]),
+        "masters[1]:minion_id",
+        js("ctl"),
+        "each master's minion_id to be unique",
+    ),
+    "master-without-host": (
+        pillar(masters=[{"id": "master1"}]),
+        "masters[0]:host",
+        "null",
+        "the hostname or IP address minions use",
+    ),
+    "master-empty-host": (
+        pillar(masters=[dict(M1, host="")]),
+        "masters[0]:host",
+        js(""),
+        "the hostname or IP address",
+    ),
+    "master-host-with-space": (
+        pillar(masters=[dict(M1, host="10.0.3.61 10.0.3.62")]),
+        "masters[0]:host",
+        js("10.0.3.61 10.0.3.62"),
+        "the hostname or IP address",
+    ),
+    "master-without-id": (
+        pillar(masters=[{"host": "10.0.3.61"}]),
+        "masters[0]:id",
+        "None",
+        ID_EXPECTED,
+    ),
+    "master-bad-id": (
+        pillar(masters=[dict(M1, id="m*")]),
+        "masters[0]:id",
+        repr("m*"),
+        ID_EXPECTED,
+    ),
+    "master-interface-not-a-string": (
+        pillar(masters=[dict(M1, interface=10)]),
+        "masters[0]:interface",
+        "10",
+        "an IP address to bind",
+    ),
+    "relative-config-dir": (
+        pillar(masters=[dict(M1, config_dir="etc/salt")]),
+        "masters[0]:config_dir",
+        js("etc/salt"),
+        "an absolute path",
+    ),
+    # intervals
+    "interval-not-an-integer": (
+        failover(failover={"alive_interval": "30s"}),
+        "failover:alive_interval",
+        js("30s"),
+        "an integer >= 1",
+    ),
+    "interval-a-float": (
+        failover(failover={"failback_interval": 1.5}),
+        "failover:failback_interval",
+        "1.5",
+        "an integer >= 0",
+    ),
+    "interval-negative": (
+        failover(failover={"random_reauth_delay": -1}),
+        "failover:random_reauth_delay",
+        "-1",
+        "an integer >= 0",
+    ),
+    "alive-interval-zero": (
+        failover(failover={"alive_interval": 0}),
+        "failover:alive_interval",
+        "0",
+        "an integer >= 1",
+    ),
+    "interval-a-bool": (
+        failover(failover={"alive_interval": True}),
+        "failover:alive_interval",
+        "true",
+        "an integer >= 1",
+    ),
+    "failback-not-a-bool": (
+        failover(failover={"failback": "yes"}),
+        "failover:failback",
+        js("yes"),
+        "true or false",
+    ),
+    "shuffle-an-int": (
+        failover(failover={"shuffle": 1}),
+        "failover:shuffle",
+        "1",
+        "true or false",
+    ),
+    "retry-dns-a-bool": (
+        pillar(minion={"retry_dns": False}),
+        "minion:retry_dns",
+        "false",
+        "an integer >= 0",
+    ),
+    "master-tries-below-minus-one": (
+        pillar(minion={"master_tries": -2}),
+        "minion:master_tries",
+        "-2",
+        "an integer >= -1",
+    ),
+    # sections that only apply to mode failover
+    "failover-in-hot": (
+        pillar(mode="hot", failover={"alive_interval": 10}),
+        "failover",
+        js({"alive_interval": 10}),
+        "no 'failover' section with mode 'hot' (it only applies to mode 'failover')",
+    ),
+    "failover-in-default-mode": (
+        pillar(failover={"failback": True}),
+        "failover",
+        js({"failback": True}),
+        "no 'failover' section with mode 'hot'",
+    ),
+    "failover-in-cluster": (
+        pillar(mode="cluster", cluster={"balancer": "lb"}, failover={"shuffle": True}),
+        "failover",
+        js({"shuffle": True}),
+        "no 'failover' section with mode 'cluster'",
+    ),
+    "signing-in-hot": (
+        pillar(mode="hot", signing={"enabled": True, "public_key": PEM}),
+        "signing",
+        js({"enabled": True, "public_key": PEM}),
+        "no 'signing' section with mode 'hot'",
+    ),
+    "signing-enabled-not-a-bool": (
+        failover(signing={"enabled": "true"}),
+        "signing:enabled",
+        js("true"),
+        "true or false",
+    ),
+    "signing-without-public-key": (
+        failover(signing={"enabled": True}),
+        "signing:public_key",
+        js(""),
+        "the masters' master_sign.pub as a PEM public key",
+    ),
+    "signing-private-key-given": (
+        failover(signing={"enabled": True, "public_key": "-----BEGIN RSA PRIVATE KEY-----"}),
+        "signing:public_key",
+        js("-----BEGIN RSA PRIVATE KEY-----"),
+        "a PEM public key",
+    ),
+    # cluster
+    "cluster-without-balancer": (
+        pillar(mode="cluster"),
+        "cluster:balancer",
+        js(""),
+        "the load balancer address minions use in mode 'cluster'",
+    ),
+    "cluster-balancer-not-a-string": (
+        pillar(mode="cluster", cluster={"balancer": ["lb1", "lb2"]}),
+        "cluster:balancer",
+        js(["lb1", "lb2"]),
+        "the load balancer address",
+    ),
+    # ports
+    "port-zero": (
+        pillar(ports={"publish": 0}),
+        "ports:publish",
+        "0",
+        "an integer port between 1 and 65535",
+    ),
+    "port-too-high": (
+        pillar(ports={"ret": 65536}),
+        "ports:ret",
+        "65536",
+        "an integer port between 1 and 65535",
+    ),
+    "port-a-string": (
+        pillar(ports={"ret": "4506"}),
+        "ports:ret",
+        js("4506"),
+        "an integer port between 1 and 65535",
+    ),
+    "port-a-bool": (
+        pillar(ports={"publish": True}),
+        "ports:publish",
+        "true",
+        "an integer port",
+    ),
+    "ports-equal": (
+        pillar(ports={"publish": 4506}),
+        "ports",
+        js({"publish": 4506, "ret": 4506}),
+        "different publish and ret ports",
+    ),
+    # minion
+    "bad-ipc-mode": (
+        pillar(minion={"ipc_mode": "udp"}),
+        "minion:ipc_mode",
+        js("udp"),
+        "one of ipc, tcp",
+    ),
+    "tcp-port-is-publish-port": (
+        pillar(minion={"ipc_mode": "tcp", "tcp_pub_port": 4505}),
+        "minion:tcp_pub_port",
+        "4505",
+        "a port not used by the masters or the other tcp port",
+    ),
+    "tcp-port-is-ret-port": (
+        pillar(minion={"ipc_mode": "tcp", "tcp_pull_port": 4506}),
+        "minion:tcp_pull_port",
+        "4506",
+        "a port not used by the masters",
+    ),
+    "tcp-ports-overlap": (
+        pillar(minion={"ipc_mode": "tcp", "tcp_pub_port": 4600, "tcp_pull_port": 4600}),
+        "minion:tcp_pull_port",
+        "4600",
+        "a port not used by the masters or the other tcp port",
+    ),
+    "tcp-port-out-of-range": (
+        pillar(minion={"ipc_mode": "tcp", "tcp_pub_port": 70000}),
+        "minion:tcp_pub_port",
+        "70000",
+        "an integer port between 1 and 65535",
+    ),
+    # master
+    "relative-file-roots": (
+        pillar(master={"file_roots": {"base": ["srv/salt"]}}),
+        "master:file_roots",
+        js({"base": ["srv/salt"]}),
+        "a mapping of environment to a list of absolute paths",
+    ),
+    "file-roots-not-a-list": (
+        pillar(master={"file_roots": {"base": "/srv/salt"}}),
+        "master:file_roots",
+        js({"base": "/srv/salt"}),
+        "a mapping of environment to a list of absolute paths",
+    ),
+    "relative-pillar-roots": (
+        pillar(master={"pillar_roots": {"base": ["/srv/pillar", "pillar"]}}),
+        "master:pillar_roots",
+        js({"base": ["/srv/pillar", "pillar"]}),
+        "a list of absolute paths",
+    ),
+    "acl-not-a-mapping": (
+        pillar(master={"acl": ["publisher_acl"]}),
+        "master:acl",
+        js(["publisher_acl"]),
+        "a mapping of master options",
+    ),
+    "config-not-a-mapping": (
+        pillar(master={"config": "worker_threads: 4"}),
+        "master:config",
+        js("worker_threads: 4"),
+        "a mapping of master options",
+    ),
+    "gitfs-remotes-not-a-list": (
+        pillar(master={"gitfs": {"remotes": "https://git.example.com/f.git"}}),
+        "master:gitfs:remotes",
+        js("https://git.example.com/f.git"),
+        "a list of git remote URLs",
+    ),
+    # types of whole sections and flags
+    "pillar-not-a-mapping": (["master1"], "", js(["master1"]), "a mapping"),
+    "ports-not-a-mapping": (pillar(ports=4505), "ports", "4505", "a mapping"),
+    "failover-not-a-mapping": (failover(failover=30), "failover", "30", "a mapping"),
+    "minion-null": (pillar(minion=None), "minion", "null", "a mapping"),
+    "gitfs-not-a-mapping": (
+        pillar(master={"gitfs": "pygit2"}),
+        "master:gitfs",
+        js("pygit2"),
+        "a mapping",
+    ),
+    "lookup-not-a-mapping": (pillar(lookup="debian"), "lookup", js("debian"), "a mapping"),
+    "lookup-master-not-a-mapping": (
+        pillar(lookup={"master": "salt-master"}),
+        "lookup:master",
+        js("salt-master"),
+        "a mapping",
+    ),
+    "config-file-with-path": (
+        pillar(lookup={"config_file": "../../minion"}),
+        "lookup:config_file",
+        js("../../minion"),
+        "a file name ending in '.conf'",
+    ),
+    "config-file-not-conf": (
+        pillar(lookup={"config_file": "multimaster.yaml"}),
+        "lookup:config_file",
+        js("multimaster.yaml"),
+        "a file name ending in '.conf'",
+    ),
+    "install-packages-not-a-bool": (
+        pillar(install_packages="yes"),
+        "install_packages",
+        js("yes"),
+        "true or false",
+    ),
+    "manage-services-an-int": (
+        pillar(manage_services=0),
+        "manage_services",
+        "0",
+        "true or false",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_bad_pillar_names_key_value_and_expected_form(case, defaults):
+    data, key, shown, expected = CASES[case]
+    before = copy.deepcopy(data)
+    with pytest.raises(multimaster_settings.SettingsError) as err:
+        multimaster_settings.build(data, defaults)
+    message = str(err.value)
+    name = f"multimaster:{key}" if key else "multimaster"
+    assert message.startswith(f"{name}: "), message
+    assert shown in message, message
+    assert "expected" in message and expected in message, message
+    # Validation never touches its input.
+    assert data == before
+
+
+BAD_IDS = ["-rf", "m*", "a,b", ".hidden", "a\nb", "x" * 300, "../x", "a/b", "a b", "", "m?", "[ab]"]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS, ids=[repr(b)[:20] for b in BAD_IDS])
+def test_invalid_minion_id_is_refused(bad, defaults):
+    data = pillar(masters=[dict(M1, minion_id=bad), M2])
+    with pytest.raises(multimaster_settings.SettingsError) as err:
+        multimaster_settings.build(data, defaults)
+    message = str(err.value)
+    assert message.startswith("multimaster:masters[0]:minion_id: "), message
+    assert repr(bad) in message
+    assert ID_EXPECTED in message
+
+
+@pytest.mark.parametrize("bad", ["-rf", "m*", "a,b", ".hidden", "a\nb", "x" * 65])
+def test_invalid_master_id_is_refused(bad, defaults):
+    data = pillar(masters=[M1, dict(M2, id=bad, minion_id="master2")])
+    with pytest.raises(multimaster_settings.SettingsError) as err:
+        multimaster_settings.build(data, defaults)
+    assert str(err.value).startswith("multimaster:masters[1]:id: ")
+    assert repr(bad) in str(err.value)
+
+
+def test_settings_error_is_a_salt_invocation_error():
+    # Salt reports SaltInvocationError raised in a Jinja call as a clean render failure.
+    assert issubclass(multimaster_settings.SettingsError, SaltInvocationError)
+
+
+def test_defaults_alone_are_refused_for_lack_of_masters(defaults):
+    with pytest.raises(multimaster_settings.SettingsError, match=r"^multimaster:masters: got null"):
+        multimaster_settings.build({}, defaults)

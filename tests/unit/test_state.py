@@ -1,0 +1,116 @@
+"""
+The state module ``_states/multimaster.py``, loaded under its own name; its ``__salt__`` holds
+the real execution-module functions (loaded the same way), so only the situation is staged.
+"""
+
+import os
+import pwd
+
+import pytest
+
+from .helpers import load_module
+
+
+@pytest.fixture
+def mod(tmp_path):
+    module = load_module("multimaster_mod_for_states", "_modules/multimaster.py")
+    module.__opts__ = {"id": "minion1", "pidfile": str(tmp_path / "minion.pid")}
+    module.__salt__ = {}
+    module.__context__ = {}
+    return module
+
+
+@pytest.fixture
+def state(mod):
+    module = load_module("multimaster_state", "_states/multimaster.py")
+    module.__opts__ = {"test": False}
+    module.__salt__ = {
+        "multimaster.restart_minion": mod.restart_minion,
+        "multimaster.restart_master": mod.restart_master,
+        "multimaster.key_file_problems": mod.key_file_problems,
+    }
+    module.__context__ = {}
+    return module
+
+
+def test_virtual_needs_the_execution_module(state):
+    assert state.__virtual__() == "multimaster"
+    state.__salt__ = {}
+    result = state.__virtual__()
+    assert result[0] is False and "saltutil.sync_all" in result[1]
+
+
+def test_minion_restarted_test_mode_changes_nothing(state, tmp_path):
+    state.__opts__["test"] = True
+    calls = []
+    state.__salt__["multimaster.restart_minion"] = lambda **kw: calls.append(kw)
+    ret = state.minion_restarted("restart")
+    assert ret == {
+        "name": "restart",
+        "result": None,
+        "changes": {},
+        "comment": "salt-minion would be restarted after this job returns",
+    }
+    assert calls == []
+
+
+def test_minion_restarted_without_a_running_minion(state, tmp_path):
+    # salt-call --local in an image build: nothing runs, the state succeeds without changes.
+    ret = state.minion_restarted("restart")
+    assert ret["result"] is True
+    assert ret["changes"] == {}
+    assert ret["comment"] == (
+        f"salt-minion not restarted: no running daemon recorded in {tmp_path / 'minion.pid'}"
+    )
+
+
+def test_minion_restarted_reports_the_scheduled_restart(state):
+    seen = {}
+
+    def restart_minion(service, delay):
+        seen.update(service=service, delay=delay)
+        return {"scheduled": True, "pid": 42, "how": "systemctl restart salt-minion"}
+
+    state.__salt__["multimaster.restart_minion"] = restart_minion
+    ret = state.minion_restarted("restart", service="salt-minion@x", delay=2)
+    assert seen == {"service": "salt-minion@x", "delay": 2}
+    assert ret["result"] is True
+    assert ret["changes"] == {"restart": "systemctl restart salt-minion"}
+    assert ret["comment"] == "salt-minion will restart after this job returns"
+
+
+def test_master_restarted_not_running(state, tmp_path):
+    pidfile = tmp_path / "master.pid"
+    pidfile.write_text("999999999\n")
+    ret = state.master_restarted("restart", pidfile=str(pidfile))
+    assert ret["result"] is True and ret["changes"] == {}
+    assert ret["comment"] == f"salt-master not restarted: no running daemon recorded in {pidfile}"
+
+
+def test_mod_watch_dispatches(state, tmp_path):
+    state.__opts__["test"] = True
+    assert (
+        "salt-master"
+        in state.mod_watch("x", sfun="master_restarted", pidfile=str(tmp_path / "p"))["comment"]
+    )
+    assert "salt-minion" in state.mod_watch("x", sfun="minion_restarted")["comment"]
+
+
+def test_master_key_files_secure(state, tmp_path):
+    user = pwd.getpwuid(os.getuid()).pw_name
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    (pki / "master.pem").write_text("k")
+    os.chmod(pki / "master.pem", 0o400)
+    ret = state.master_key_files_secure("keys", pki_dir=str(pki), user=user)
+    assert ret == {
+        "name": "keys",
+        "result": True,
+        "changes": {},
+        "comment": f"Master key files in {pki} are secure",
+    }
+    os.chmod(pki / "master.pem", 0o640)
+    ret = state.master_key_files_secure("keys", pki_dir=str(pki), user=user)
+    assert ret["result"] is False
+    assert ret["changes"] == {}
+    assert ret["comment"] == f"{pki / 'master.pem'}: mode 0640; expected 0400"
