@@ -9,12 +9,20 @@ The SLS files of the ``multimaster`` formula call these functions so that Jinja 
 import logging
 import os
 import socket
+import sys
+import time
 
 import salt.config
+import salt.utils.files
 from salt.exceptions import CommandExecutionError
 
 try:
     import multimaster_daemon
+    import multimaster_handshake
+    import multimaster_ids
+    import multimaster_keys
+    import multimaster_keystore
+    import multimaster_seal
     import multimaster_settings
 
     HAS_UTILS = True
@@ -260,3 +268,232 @@ def check_masters(timeout=2, defaults=None):
                 entry[name] = False
         report[master["id"]] = entry
     return report
+
+
+# --- key plane: the master-host side of the runner's work -------------------------------------
+
+
+def _master_opts(config_dir):
+    """
+    Options of the master this control minion manages. ``config_dir`` may be a path, or a mapping
+    ``{control minion id: path}`` so one publish can address every master.
+    """
+    if isinstance(config_dir, dict):
+        config_dir = config_dir.get(__opts__["id"])
+    if not config_dir:
+        local = settings()["local"]["master"]
+        config_dir = local["config_dir"] if local else os.path.dirname(__opts__["conf_file"])
+    return config_dir, multimaster_keystore.master_opts(config_dir)
+
+
+def key_inventory(config_dir=None, buckets=None, ids=None, with_pubs=False):
+    """
+    This master's minion-key inventory. Without ``buckets``/``ids``: only digests (the total and
+    one per bucket), the count and whether an interrupted run needs repair — a few KB whatever
+    the number of keys. With ``buckets`` or ``ids``: the entries ``{id: [state, fp, ...]}`` in
+    them and, with ``with_pubs``, their public keys.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master2 multimaster.key_inventory /etc/salt
+        salt master2 multimaster.key_inventory /etc/salt ids='[minion1]' with_pubs=True
+    """
+    _, mopts = _master_opts(config_dir)
+    wanted = set(ids) if ids is not None else None
+    entries, pubs = multimaster_keystore.inventory(mopts, with_pubs=with_pubs, ids=wanted)
+    if buckets is None and ids is None:
+        total, per_bucket = multimaster_keys.digests(entries)
+        return {
+            "digest": total,
+            "buckets": per_bucket,
+            "count": len(entries),
+            "repair": multimaster_keystore.repair_needed(mopts),
+        }
+    if buckets is not None:
+        wanted_buckets = {int(b) for b in buckets}
+        entries = {
+            i: e for i, e in entries.items() if multimaster_keys.bucket_of(i) in wanted_buckets
+        }
+        pubs = {i: p for i, p in pubs.items() if i in entries}
+    return {"entries": entries, "pubs": pubs}
+
+
+def _checked_pem(action):
+    pem = multimaster_keys.canonical(action.get("pub"), f"key of {action['id']!r}")
+    if multimaster_keys.fingerprint(pem) != action.get("fp"):
+        raise multimaster_keys.InvalidKeyError(
+            f"key of {action['id']!r}: fingerprint {multimaster_keys.fingerprint(pem)} "
+            f"does not match the planned {action.get('fp')}"
+        )
+    return pem
+
+
+def apply_key_actions(actions, config_dir=None):
+    """
+    Apply planned key actions to this master's key store: each ``{"id", "op"
+    (accept|pend|reject|deny|delete), "fp", "pub", "expect"}``. Every id and key is checked before
+    anything is written (a bad one refuses the whole batch); an action whose id changed since it
+    was planned (``expect``) is skipped. Repairs what an interrupted run left, and rotates the AES
+    key when an accepted key was removed.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master2 multimaster.apply_key_actions '[{"id": "m1", "op": "delete", "fp": null}]'
+    """
+    _, mopts = _master_opts(config_dir)
+    checked = []
+    for action in actions:
+        multimaster_ids.check_id(action.get("id"), "minion id")
+        if action.get("op") not in ("accept", "pend", "reject", "deny", "delete"):
+            raise CommandExecutionError(f"unknown key action {action.get('op')!r}")
+        pem = None if action["op"] == "delete" else _checked_pem(action)
+        checked.append((action, pem))
+    repaired = multimaster_keystore.repair(mopts)
+    current, _ = multimaster_keystore.inventory(mopts, ids={a["id"] for a in actions})
+    done, skipped, rotate = [], [], False
+    for action, pem in checked:
+        minion_id, op = action["id"], action["op"]
+        held = current.get(minion_id)
+        if held != action.get("expect"):
+            skipped.append({"id": minion_id, "op": op, "reason": f"changed since planned: {held}"})
+            continue
+        if op == "accept":
+            multimaster_keystore.set_state(mopts, minion_id, "accepted", pem)
+        elif op == "pend":
+            multimaster_keystore.set_state(mopts, minion_id, "pending", pem)
+        elif op == "reject":
+            multimaster_keystore.set_state(mopts, minion_id, "rejected", pem)
+        elif op == "deny":
+            multimaster_keystore.deny(mopts, minion_id, pem)
+        else:
+            multimaster_keystore.delete(mopts, minion_id)
+        rotate = rotate or (op in ("reject", "delete") and bool(held) and held[0] == "accepted")
+        done.append({"id": minion_id, "op": op})
+    if rotate:
+        multimaster_keystore.rotate_aes(mopts)
+    return {"done": done, "skipped": skipped, "repaired": repaired, "rotated": rotate}
+
+
+def master_key_info(config_dir=None, signing=False):
+    """
+    Fingerprints of the master key pair this master stores (or its signing pair): ours (SHA-256
+    of the DER public key) and Salt's ``salt-key -F`` value. Public data only.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master2 multimaster.master_key_info /etc/salt
+    """
+    _, mopts = _master_opts(config_dir)
+    pub = multimaster_keystore.read_master_key(mopts, signing=signing)
+    return {
+        "name": multimaster_keystore.master_key_files(mopts, signing)[1],
+        "fp": pub and multimaster_keys.fingerprint(pub),
+        "salt_finger": pub and multimaster_keys.salt_finger(pub),
+        "pub": pub,
+    }
+
+
+def _own_private_key():
+    with salt.utils.files.fopen(os.path.join(__opts__["pki_dir"], "minion.pem")) as fh_:
+        return fh_.read()
+
+
+def _signer_pub():
+    # The master that sent the envelope is one this minion already trusts: its cached key.
+    with salt.utils.files.fopen(os.path.join(__opts__["pki_dir"], "minion_master.pub")) as fh_:
+        return fh_.read()
+
+
+def _verify_served(host, port, pub, sign_pub=None, timeout=60):
+    deadline = time.monotonic() + timeout
+    while True:
+        ok, reason = multimaster_handshake.serves(__opts__, host, port, pub, sign_pub, timeout=5)
+        if ok or time.monotonic() > deadline:
+            return ok, reason
+        time.sleep(1)
+
+
+def _served_args(mopts, pub, signing):
+    # What a sign-in must prove: the master's own key, and in signing mode the signing pair too.
+    if signing:
+        return multimaster_keystore.read_master_key(mopts), pub
+    return pub, None
+
+
+def install_master_key(envelope, host, port, config_dir=None, signing=False, timeout=90):
+    """
+    Install the master key pair (or signing pair) sealed to this control minion by the
+    ``sync_master_key`` runner: open and verify the envelope, stop this host's master, store the
+    pair through the key cache, start the master the way it ran, wait until it answers, and
+    verify by a real sign-in that it serves the new key. Never returns or logs the key.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.sync_master_key   # the runner calls this; not meant for the CLI
+    """
+    config_dir, mopts = _master_opts(config_dir)
+    purpose = "master_sign" if signing else "master_key"
+    body = multimaster_seal.unseal(
+        envelope, purpose, __opts__["id"], _own_private_key(), _signer_pub()
+    )
+    pub = multimaster_keys.canonical(body["pub"], "sealed public key")
+    fp = multimaster_keys.fingerprint(pub)
+    if multimaster_keys.private_key_fingerprint(body["pem"]) != fp:
+        raise CommandExecutionError("sealed key pair: the private key does not match the public")
+    result = {"fp": fp, "changed": False, "restarted": None}
+    current = multimaster_keystore.read_master_key(mopts, signing=signing)
+    if current and multimaster_keys.fingerprint(current) == fp:
+        ok, reason = _verify_served(host, port, *_served_args(mopts, pub, signing), timeout=10)
+        if ok:
+            return dict(result, served=True, reason=reason)
+    # Swap only while the master is stopped: a running master keeps its private key in memory.
+    stopped = multimaster_daemon.stop_now(mopts["pidfile"], "salt-master")
+    multimaster_keystore.install_master_key(mopts, body.pop("pem"), pub, signing=signing)
+    default = [os.path.join(os.path.dirname(sys.executable), "salt-master"), "-c", config_dir, "-d"]
+    multimaster_daemon.start_now(stopped, default)
+    result.update(changed=True, restarted=stopped["service"] or "daemon")
+    if not multimaster_daemon.wait_port(host, port, timeout):
+        return dict(result, served=False, reason=f"master did not listen on {host}:{port}")
+    ok, reason = _verify_served(host, port, *_served_args(mopts, pub, signing), timeout=timeout)
+    return dict(result, served=ok, reason=reason)
+
+
+def verify_master_key(host, port, pub, sign_pub=None, timeout=30):
+    """
+    Does the master at ``host:port`` serve ``pub`` (and sign it with ``sign_pub``'s pair)?
+    Checked by a real sign-in with this minion's own key, which must be accepted there.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master2 multimaster.verify_master_key 127.0.0.3 4506 "$(cat master.pub)"
+    """
+    ok, reason = _verify_served(host, int(port), pub, sign_pub, timeout=float(timeout))
+    return {"served": ok, "reason": reason, "fp": multimaster_keys.fingerprint(pub)}
+
+
+def ping_minions(config_dir=None, timeout=5):
+    """
+    The minions that answer ``test.ping`` published by this host's master.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master2 multimaster.ping_minions /etc/salt
+    """
+    import salt.client
+
+    config_dir, _ = _master_opts(config_dir)
+    with salt.client.get_local_client(os.path.join(config_dir, "master")) as client:
+        returns = client.cmd("*", "test.ping", timeout=int(timeout))
+    return sorted(minion for minion, ret in returns.items() if ret is True)

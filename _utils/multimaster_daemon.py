@@ -9,6 +9,7 @@ report back.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,9 +45,23 @@ if alive(spec["pid"]):
         time.sleep(0.2)
     if alive(spec["pid"]):
         os.kill(spec["pid"], signal.SIGKILL)
+# Salt refuses to start while its pidfile or process_responsibility_ file names a live process, and
+# counts a zombie (a parent that does not reap: a container's pid 1, a test runner) as live.
+pid_dir, pid_name = os.path.split(spec["pidfile"])
+for path in (spec["pidfile"], os.path.join(pid_dir, "process_responsibility_" + pid_name)):
+    try:
+        with open(path) as handle:
+            owner = json.loads(handle.read() or "null")
+        if (owner.get("pid") if isinstance(owner, dict) else owner) == spec["pid"]:
+            os.remove(path)
+    except (OSError, ValueError):
+        pass
 subprocess.Popen(spec["cmdline"], cwd=spec["cwd"], start_new_session=True,
                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 """
+
+
+_PROCTITLE_RE = re.compile(r"[A-Z][A-Za-z0-9_.]*")
 
 
 def read_pid(pidfile):
@@ -88,7 +103,14 @@ def daemon_cmdline(pid):
     The command line that restarts process ``pid`` as a background daemon (adds ``-d``).
     """
     proc = psutil.Process(pid)
-    cmdline = proc.cmdline()
+    if pid == os.getpid() or pid in {parent.pid for parent in psutil.Process().parents()}:
+        # Restarting the daemon this job runs in: its exact argv, untouched by process titles.
+        cmdline = [sys.executable, *sys.orig_argv[1:]]
+    else:
+        cmdline = proc.cmdline()
+        # Salt appends process titles ("MainProcess", "MultiMinionProcessManager", ...) over argv.
+        while len(cmdline) > 2 and _PROCTITLE_RE.fullmatch(cmdline[-1]):
+            cmdline.pop()
     if "-d" not in cmdline and "--daemon" not in cmdline:
         cmdline.append("-d")
     return cmdline, proc.cwd()
@@ -111,6 +133,7 @@ def schedule_restart(pidfile, service, wait_pid=None, delay=0.0, wait_timeout=60
     cmdline, cwd = daemon_cmdline(pid)
     spec = {
         "pid": pid,
+        "pidfile": pidfile,
         "wait_pid": wait_pid,
         "wait_timeout": wait_timeout,
         "stop_timeout": 30,
@@ -129,3 +152,62 @@ def schedule_restart(pidfile, service, wait_pid=None, delay=0.0, wait_timeout=60
     )
     how = f"systemctl restart {unit}" if unit else " ".join(cmdline)
     return {"scheduled": True, "pid": pid, "how": how}
+
+
+def stop_now(pidfile, service, timeout=30):
+    """
+    Stop the daemon recorded in ``pidfile`` and wait until it is gone. Returns how to start it
+    again: ``{"was_running", "service", "cmdline", "cwd"}``.
+    """
+    pid = read_pid(pidfile)
+    if pid is None:
+        return {"was_running": False, "service": None, "cmdline": None, "cwd": None}
+    unit = systemd_service_of(pid, service)
+    cmdline, cwd = daemon_cmdline(pid)
+    if unit:
+        subprocess.run(["systemctl", "stop", unit], check=False, timeout=timeout)
+    else:
+        proc = psutil.Process(pid)
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except psutil.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return {"was_running": True, "service": unit, "cmdline": cmdline, "cwd": cwd}
+
+
+def start_now(stopped, default_cmdline):
+    """
+    Start a daemon stopped by ``stop_now`` the way it ran (``default_cmdline`` when it was not
+    running at all).
+    """
+    if stopped["service"]:
+        subprocess.run(["systemctl", "start", stopped["service"]], check=False, timeout=60)
+        return
+    subprocess.Popen(
+        stopped["cmdline"] or default_cmdline,
+        cwd=stopped["cwd"] or "/",
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        close_fds=True,
+    )
+
+
+def wait_port(host, port, timeout):
+    """
+    True once ``host:port`` accepts TCP connections, False after ``timeout`` seconds.
+    """
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False

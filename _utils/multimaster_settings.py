@@ -226,10 +226,23 @@ def runner_section(settings):
     """
     What the masters keep under ``multimaster:`` in their own config for the runners to read.
     """
-    return {
-        key: copy.deepcopy(settings[key])
-        for key in ("mode", "ports", "masters", "failover", "signing", "manage_services")
-    }
+    keys = ["mode", "ports", "masters", "manage_services"]
+    if settings["mode"] == "failover":
+        keys += ["failover", "signing"]
+    return {key: copy.deepcopy(settings[key]) for key in keys}
+
+
+def check_section(section):
+    """
+    Validate the ``multimaster`` section a runner reads from the master's config (or kwargs);
+    returns it with ``minion_id`` filled in. Raises ``SettingsError``.
+    """
+    _validate_pillar(section)
+    section = copy.deepcopy(section)
+    for master in section["masters"]:
+        master.setdefault("minion_id", master["id"])
+    section.setdefault("ports", {"publish": 4505, "ret": 4506})
+    return section
 
 
 def master_config(settings, master):

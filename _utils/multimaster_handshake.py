@@ -1,0 +1,77 @@
+"""
+Ask a running master which key it serves, by a real minion sign-in (not a file read).
+
+The sign-in runs with a throw-away pki dir holding this minion's own (accepted) keypair and the
+*intended* master public key as ``minion_master.pub``: the minion encrypts its token to that key,
+so the sign-in only succeeds if the master holds the matching private key and serves the same
+public key. With ``sign_pub``, the master's signature over its public key is checked as well
+(failover with ``master_sign_pubkey``).
+"""
+
+import os
+import shutil
+import socket
+import tempfile
+
+import salt.crypt
+import salt.utils.files
+
+
+def _sign_in(minion_opts, host, port, master_pub=None, sign_pub=None, timeout=10):
+    pki = tempfile.mkdtemp(prefix="mm-handshake-")
+    try:
+        for name in ("minion.pem", "minion.pub"):
+            shutil.copy2(os.path.join(minion_opts["pki_dir"], name), os.path.join(pki, name))
+        if master_pub:
+            with salt.utils.files.fopen(os.path.join(pki, "minion_master.pub"), "w") as fh_:
+                fh_.write(master_pub)
+        opts = dict(minion_opts)
+        ip = socket.gethostbyname(host)
+        opts.update(
+            pki_dir=pki,
+            master=host,
+            master_ip=ip,
+            master_port=port,
+            master_uri=f"tcp://{ip}:{port}",
+            verify_master_pubkey_sign=bool(sign_pub),
+            always_verify_signature=bool(sign_pub),
+            master_finger="",
+        )
+        if sign_pub:
+            name = f"{opts['master_sign_key_name']}.pub"
+            with salt.utils.files.fopen(os.path.join(pki, name), "w") as fh_:
+                fh_.write(sign_pub)
+        auth = salt.crypt.SAuth(opts)
+        try:
+            creds = auth.sign_in(timeout=timeout, safe=False, tries=1)
+        except (SystemExit, Exception) as exc:  # noqa: BLE001 - any failure means "not verified"
+            return False, f"sign-in failed: {type(exc).__name__}", None
+        finally:
+            salt.crypt.SAuth.instances.pop(salt.crypt._auth_singleton_key(opts), None)
+        served = None
+        mpub = os.path.join(pki, "minion_master.pub")
+        if os.path.isfile(mpub):
+            with salt.utils.files.fopen(mpub) as fh_:
+                served = fh_.read()
+        if not isinstance(creds, dict) or not creds.get("aes"):
+            return False, f"sign-in refused: {creds!r}", served
+        return True, "ok", served
+    finally:
+        shutil.rmtree(pki, ignore_errors=True)
+
+
+def served_key(minion_opts, host, port, timeout=10):
+    """
+    The public key ``host:port`` serves to this minion on first contact, or None.
+    """
+    _, _, served = _sign_in(minion_opts, host, port, timeout=timeout)
+    return served
+
+
+def serves(minion_opts, host, port, master_pub, sign_pub=None, timeout=10):
+    """
+    ``(True, "ok")`` when the master at ``host:port`` proves it holds ``master_pub``'s private key
+    (and, with ``sign_pub``, signs it with the matching signing key); else ``(False, reason)``.
+    """
+    ok, reason, _ = _sign_in(minion_opts, host, port, master_pub, sign_pub, timeout)
+    return ok, reason

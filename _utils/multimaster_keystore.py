@@ -1,0 +1,260 @@
+"""
+A master's key store as seen from its host (the control minion): read the inventory, apply key
+actions crash-safely, read and install master keys, request AES rotation.
+
+Keys go through ``salt.cache.Cache(opts, driver=opts["keys.cache_driver"])`` like Salt's own
+``salt-key``. One exception, for the default ``localfs_key`` driver's minion keys: its ``store``
+first deletes the id from every state dir and then writes a temp file inside the state dir, so a
+crash can lose the id or leave ``minions_pre/tmpXXXX`` that ``salt-key`` lists as a minion. Here
+the new state is written first (temp file outside the state dirs, fsync, rename) and the old ones
+are removed after; a crash leaves the id in two dirs, where Salt's priority (rejected > pending >
+accepted) keeps the safer one, and ``repair`` finishes the job on the next run.
+"""
+
+import os
+import tempfile
+
+import multimaster_ids
+import multimaster_keys
+import salt.cache
+import salt.config
+import salt.crypt
+import salt.utils.user
+from salt.exceptions import CommandExecutionError
+
+STATE_DIRS = {"accepted": "minions", "pending": "minions_pre", "rejected": "minions_rejected"}
+DENIED_DIR = "minions_denied"
+# Salt's reading order: the first dir that holds an id wins.
+PRIORITY = ("minions_rejected", "minions_pre", "minions")
+TMP_DIR = ".multimaster-tmp"
+
+
+def master_opts(config_dir):
+    """
+    The options of the master whose config lives in ``config_dir``.
+    """
+    path = os.path.join(config_dir, "master")
+    if not os.path.isfile(path):
+        raise CommandExecutionError(f"no master config at {path}")
+    return salt.config.master_config(path)
+
+
+def _cache(mopts):
+    return salt.cache.Cache(mopts, driver=mopts["keys.cache_driver"])
+
+
+def _localfs(mopts):
+    return mopts["keys.cache_driver"] == "localfs_key"
+
+
+def _pki(mopts):
+    return mopts["cluster_pki_dir"] if mopts.get("cluster_id") else mopts["pki_dir"]
+
+
+def master_key_name(mopts):
+    """
+    The base name 3008 stores the master keypair under (``<id without _master>``).
+    """
+    return mopts["id"].removesuffix("_master")
+
+
+def inventory(mopts, with_pubs=False, ids=None):
+    """
+    ``{id: entry}`` (entry as in ``multimaster_keys.plan``) and, with ``with_pubs``, the PEMs as
+    ``{id: {"key": pem, "denied": pem}}``. ``ids`` limits the result to those ids.
+    """
+    cache = _cache(mopts)
+    keys = cache.list_all("keys", include_data=True)
+    denied = {}
+    for minion_id in cache.list("denied_keys"):
+        if ids is None or minion_id in ids:
+            pems = cache.fetch("denied_keys", minion_id) or []
+            if pems:
+                denied[minion_id] = pems[0]
+    entries, pubs = {}, {}
+    for minion_id, data in keys.items():
+        if ids is not None and minion_id not in ids:
+            continue
+        entries[minion_id] = [data["state"], multimaster_keys.fingerprint(data["pub"])]
+        if with_pubs:
+            pubs[minion_id] = {"key": data["pub"]}
+    for minion_id, pem in denied.items():
+        entry = entries.setdefault(minion_id, ["denied", None])
+        entry.append(multimaster_keys.fingerprint(pem))
+        if with_pubs:
+            pubs.setdefault(minion_id, {})["denied"] = pem
+    return entries, pubs
+
+
+def repair_needed(mopts):
+    """
+    True when an interrupted run left temp files or an id in more than one state dir.
+    """
+    if not _localfs(mopts):
+        return False
+    pki = _pki(mopts)
+    tmp = os.path.join(pki, TMP_DIR)
+    return bool(os.path.isdir(tmp) and os.listdir(tmp)) or bool(_multi_state_ids(pki))
+
+
+def _multi_state_ids(pki):
+    seen, multi = set(), set()
+    for name in PRIORITY:
+        path = os.path.join(pki, name)
+        if os.path.isdir(path):
+            for minion_id in os.listdir(path):
+                (multi if minion_id in seen else seen).add(minion_id)
+    return multi
+
+
+def repair(mopts):
+    """
+    Remove temp files of an interrupted run and leave every id in the one state Salt reads.
+    Returns the ids that were repaired.
+    """
+    if not _localfs(mopts):
+        return []
+    pki = _pki(mopts)
+    tmp = os.path.join(pki, TMP_DIR)
+    if os.path.isdir(tmp):
+        for name in os.listdir(tmp):
+            os.unlink(os.path.join(tmp, name))
+    multi = sorted(_multi_state_ids(pki))
+    for minion_id in multi:
+        kept = False
+        for name in PRIORITY:
+            path = os.path.join(pki, name, minion_id)
+            if os.path.isfile(path):
+                if kept:
+                    os.unlink(path)
+                kept = True
+    return multi
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(mopts, state_dir, minion_id, pem):
+    pki = _pki(mopts)
+    tmp_dir = os.path.join(pki, TMP_DIR)
+    os.makedirs(tmp_dir, mode=0o700, exist_ok=True)
+    target_dir = os.path.join(pki, state_dir)
+    os.makedirs(target_dir, mode=0o750, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=tmp_dir)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(pem.encode())
+            handle.flush()
+            os.fsync(handle.fileno())
+        uid = salt.utils.user.get_uid(mopts["user"]) if mopts.get("user") else None
+        if uid is not None:
+            os.chown(tmp, uid, -1)
+        os.replace(tmp, os.path.join(target_dir, minion_id))
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(target_dir)
+
+
+def _remove_files(mopts, minion_id, dirs):
+    pki = _pki(mopts)
+    for name in dirs:
+        path = os.path.join(pki, name, minion_id)
+        if os.path.isfile(path):
+            os.unlink(path)
+
+
+def set_state(mopts, minion_id, state, pem):
+    """
+    Store ``pem`` for ``minion_id`` in ``state`` (accepted, pending or rejected), leaving it in
+    no other state. ``pem`` must already be canonical and fingerprint-checked.
+    """
+    multimaster_ids.check_id(minion_id, "minion id")
+    if not _localfs(mopts):
+        _cache(mopts).store("keys", minion_id, {"state": state, "pub": pem})
+        return
+    _write_file(mopts, STATE_DIRS[state], minion_id, pem)
+    _remove_files(mopts, minion_id, [d for s, d in STATE_DIRS.items() if s != state])
+
+
+def deny(mopts, minion_id, pem):
+    """
+    Store ``pem`` as a denied key of ``minion_id`` (beside any key it holds).
+    """
+    multimaster_ids.check_id(minion_id, "minion id")
+    if not _localfs(mopts):
+        _cache(mopts).store("denied_keys", minion_id, [pem])
+        return
+    _write_file(mopts, DENIED_DIR, minion_id, pem)
+
+
+def delete(mopts, minion_id):
+    """
+    Remove every key of ``minion_id`` (all states, denied included).
+    """
+    multimaster_ids.check_id(minion_id, "minion id")
+    if not _localfs(mopts):
+        cache = _cache(mopts)
+        cache.flush("keys", minion_id)
+        cache.flush("denied_keys", minion_id)
+        return
+    _remove_files(mopts, minion_id, list(STATE_DIRS.values()) + [DENIED_DIR])
+
+
+def rotate_aes(mopts):
+    """
+    Ask the master to rotate its AES key (as ``salt-key -d`` does), so a removed minion stops
+    decrypting publishes.
+    """
+    salt.crypt.dropfile(mopts["cachedir"], mopts["user"], mopts["id"])
+
+
+def master_key_files(mopts, signing=False):
+    """
+    The master_keys cache names of the pair ``sync_master_key`` manages on this master.
+    """
+    if signing:
+        base = mopts["master_sign_key_name"]
+    else:
+        base = master_key_name(mopts)
+    return f"{base}.pem", f"{base}.pub"
+
+
+def read_master_key(mopts, signing=False, private=False):
+    """
+    The master's public (or private) key PEM as stored, or None.
+    """
+    pem_name, pub_name = master_key_files(mopts, signing)
+    cache = _cache(mopts)
+    name = pem_name if private else pub_name
+    value = cache.fetch("master_keys", name)
+    if value is None and not signing:
+        # A master that has never started under 3008 still has plain master.pem/.pub.
+        value = cache.fetch("master_keys", "master.pem" if private else "master.pub")
+    return value
+
+
+def install_master_key(mopts, pem, pub, signing=False):
+    """
+    Store the pair through the key cache (0400, owned by the master's user). Call it only with
+    the master stopped: a running master keeps its private key in memory.
+    """
+    pem_name, pub_name = master_key_files(mopts, signing)
+    cache = _cache(mopts)
+    cache.store("master_keys", pem_name, pem)
+    cache.store("master_keys", pub_name, pub)
+    # 3008 keeps master.pem/.pub as compatibility symlinks to <id>.pem/.pub; plain files left by
+    # an older layout would shadow nothing but confuse operators, so leave only links.
+    if not signing and _localfs(mopts):
+        for legacy, current in (("master.pem", pem_name), ("master.pub", pub_name)):
+            path = os.path.join(mopts["pki_dir"], legacy)
+            if os.path.lexists(path) and not os.path.islink(path):
+                os.unlink(path)
+            if not os.path.lexists(path):
+                os.symlink(os.path.join(mopts["pki_dir"], current), path)
