@@ -89,8 +89,9 @@ def settings(defaults=None):
 
         salt '*' multimaster.settings
     """
+    # unmask: outside a template render Salt 3008's pillar.get returns '**********' for values.
     merged = multimaster_settings.build(
-        __salt__["pillar.get"]("multimaster", {}), _defaults(defaults)
+        __salt__["pillar.get"]("multimaster", {}, unmask=True), _defaults(defaults)
     )
     local_master = _local_master(merged)
     merged["local"] = {
@@ -419,6 +420,11 @@ def _verify_served(host, port, pub, sign_pub=None, timeout=60):
         time.sleep(1)
 
 
+def _default_master_cmdline(config_dir):
+    # A master that was not running is started as a daemon from this Salt install.
+    return [os.path.join(os.path.dirname(sys.executable), "salt-master"), "-c", config_dir, "-d"]
+
+
 def _served_args(mopts, pub, signing):
     # What a sign-in must prove: the master's own key, and in signing mode the signing pair too.
     if signing:
@@ -457,13 +463,30 @@ def install_master_key(envelope, host, port, config_dir=None, signing=False, tim
     # Swap only while the master is stopped: a running master keeps its private key in memory.
     stopped = multimaster_daemon.stop_now(mopts["pidfile"], "salt-master")
     multimaster_keystore.install_master_key(mopts, body.pop("pem"), pub, signing=signing)
-    default = [os.path.join(os.path.dirname(sys.executable), "salt-master"), "-c", config_dir, "-d"]
-    multimaster_daemon.start_now(stopped, default)
+    multimaster_daemon.start_now(stopped, _default_master_cmdline(config_dir))
     result.update(changed=True, restarted=stopped["service"] or "daemon")
     if not multimaster_daemon.wait_port(host, port, timeout):
         return dict(result, served=False, reason=f"master did not listen on {host}:{port}")
     ok, reason = _verify_served(host, port, *_served_args(mopts, pub, signing), timeout=timeout)
     return dict(result, served=ok, reason=reason)
+
+
+def restart_master_now(host, port, config_dir=None, timeout=90):
+    """
+    Restart this host's master now (the way it runs) and wait until it listens again.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master2 multimaster.restart_master_now 127.0.0.3 4506
+    """
+    config_dir, mopts = _master_opts(config_dir)
+    stopped = multimaster_daemon.stop_now(mopts["pidfile"], "salt-master")
+    multimaster_daemon.start_now(stopped, _default_master_cmdline(config_dir))
+    if not multimaster_daemon.wait_port(host, int(port), timeout):
+        raise CommandExecutionError(f"salt-master did not listen on {host}:{port} after restart")
+    return stopped["service"] or "daemon"
 
 
 def verify_master_key(host, port, pub, sign_pub=None, timeout=30):

@@ -111,3 +111,59 @@ def master_key_files_secure(name, pki_dir, user):
         "changes": {},
         "comment": "; ".join(problems) or f"Master key files in {pki_dir} are secure",
     }
+
+
+def master_key_served(name, fingerprint, host, port=4506, config_dir=None, signing=False):
+    """
+    Ensure the master on this host serves the key with ``fingerprint`` (ours: SHA-256 of the DER
+    public key; with ``signing``, the signing pair's). Checked by a real sign-in, not a file read.
+    When the stored key already has that fingerprint but the running master serves another (keys
+    swapped on disk without a restart), the master is restarted and checked again. A stored key
+    with another fingerprint cannot be fixed here: run ``salt-run multimaster.sync_master_key``.
+
+    name
+        Anything; shown in the state output.
+
+    CLI Example:
+
+    .. code-block:: yaml
+
+        multimaster-master-key-served:
+          multimaster.master_key_served:
+            - fingerprint: 'e1:b9:...:94'
+            - host: 10.0.3.230
+    """
+    ret = {"name": name, "result": False, "changes": {}, "comment": ""}
+    info = __salt__["multimaster.master_key_info"](config_dir=config_dir, signing=signing)
+    if info["fp"] != fingerprint:
+        ret["comment"] = (
+            f"{info['name']} has fingerprint {info['fp']}, not {fingerprint}: "
+            "run salt-run multimaster.sync_master_key on the primary"
+        )
+        return ret
+    master_pub = info["pub"]
+    sign_pub = None
+    if signing:
+        master_pub = __salt__["multimaster.master_key_info"](config_dir=config_dir)["pub"]
+        sign_pub = info["pub"]
+    check = __salt__["multimaster.verify_master_key"](host, port, master_pub, sign_pub, timeout=5)
+    if check["served"]:
+        ret.update(result=True, comment=f"The master serves {fingerprint}")
+        return ret
+    if __opts__["test"]:
+        ret.update(
+            result=None,
+            comment=f"The master does not serve {fingerprint} ({check['reason']}); "
+            "it would be restarted",
+        )
+        return ret
+    restarted = __salt__["multimaster.restart_master_now"](host, port, config_dir=config_dir)
+    check = __salt__["multimaster.verify_master_key"](host, port, master_pub, sign_pub, timeout=60)
+    ret["changes"] = {"restarted": restarted}
+    ret["result"] = check["served"]
+    ret["comment"] = (
+        f"Restarted; the master now serves {fingerprint}"
+        if check["served"]
+        else f"Restarted, but the master still does not serve {fingerprint}: {check['reason']}"
+    )
+    return ret
