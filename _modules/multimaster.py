@@ -302,11 +302,13 @@ def key_inventory(config_dir=None, buckets=None, ids=None, with_pubs=False):
         salt master2 multimaster.key_inventory /etc/salt ids='[minion1]' with_pubs=True
     """
     _, mopts = _master_opts(config_dir)
+    alive = _master_alive(mopts)
     wanted = set(ids) if ids is not None else None
     entries, pubs = multimaster_keystore.inventory(mopts, with_pubs=with_pubs, ids=wanted)
     if buckets is None and ids is None:
         total, per_bucket = multimaster_keys.digests(entries)
         return {
+            "alive": alive,
             "digest": total,
             "buckets": per_bucket,
             "count": len(entries),
@@ -318,7 +320,19 @@ def key_inventory(config_dir=None, buckets=None, ids=None, with_pubs=False):
             i: e for i, e in entries.items() if multimaster_keys.bucket_of(i) in wanted_buckets
         }
         pubs = {i: p for i, p in pubs.items() if i in entries}
-    return {"entries": entries, "pubs": pubs}
+    return {"alive": alive, "entries": entries, "pubs": pubs}
+
+
+def _master_alive(mopts):
+    """
+    Is this host's salt-master running and listening on its ret port?
+    """
+    if multimaster_daemon.read_pid(mopts["pidfile"]) is None:
+        return False
+    host = mopts["interface"]
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return multimaster_daemon.wait_port(host, mopts["ret_port"], timeout=2)
 
 
 def _checked_pem(action):

@@ -95,6 +95,8 @@ def _call(section, masters, fun, kwarg, timeout):
             errors[master_id] = f"control minion {minion_id} did not answer"
         elif ret.get("retcode", 0) != 0 or isinstance(ret["ret"], str):
             errors[master_id] = str(ret["ret"])
+        elif isinstance(ret["ret"], dict) and ret["ret"].get("alive") is False:
+            errors[master_id] = f"salt-master on {master_id} is not running; left untouched"
         else:
             answers[master_id] = ret["ret"]
     return answers, errors
