@@ -51,7 +51,7 @@ def mod(tmp_path):
         }
     }
     module.__pillar__ = pillar
-    module.__salt__ = {"pillar.get": lambda key, default=None: pillar.get(key, default)}
+    module.__salt__ = {"pillar.get": lambda key, default=None, **kw: pillar.get(key, default)}
     module.__opts__ = {
         "id": "master2",
         "conf_file": str(conf / "minion"),

@@ -1,0 +1,139 @@
+"""
+Applying the formula for real on a masterless minion whose config, pki and pidfiles live in tmp,
+as ``salt-call --local state.apply`` in an image build would (no salt-minion or salt-master runs):
+``test=True`` changes nothing, the first run writes only the config, the second changes nothing,
+the clean states remove what was written, and a bad pillar writes nothing at all.
+"""
+
+import stat
+
+import pytest
+import salt.utils.yaml
+
+from .test_render import MASTERS, SIGN_PUB, pillar
+
+SETTINGS = {"install_packages": False, "manage_services": True}
+
+
+def results(ret):
+    assert isinstance(ret, dict), f"state run failed: {ret}"
+    return {key.split("_|-")[1]: value for key, value in ret.items()}
+
+
+def changed(ret):
+    return sorted(sid for sid, value in results(ret).items() if value["changes"])
+
+
+def failed(ret):
+    return {sid: v["comment"] for sid, v in results(ret).items() if v["result"] is False}
+
+
+def read_yaml(path):
+    with open(path, encoding="utf-8") as handle:
+        return salt.utils.yaml.safe_load(handle)
+
+
+@pytest.fixture(scope="module")
+def hot(salt_env):
+    """
+    The whole sequence on one environment (control minion of master2, mode hot), recorded.
+    """
+    env = salt_env("master2", pillar(mode="hot", **SETTINGS))
+    runs = {}
+    runs["dry"] = env.cmd("state.sls", "multimaster", test=True)
+    runs["dry_written"] = env.written()
+    runs["first"] = env.cmd("state.sls", "multimaster")
+    runs["first_written"] = env.written()
+    runs["minion_conf"] = read_yaml(env.conf_dir / "minion.d" / "multimaster.conf")
+    runs["master_conf"] = read_yaml(env.conf_dir / "master.d" / "multimaster.conf")
+    runs["modes"] = {
+        name: stat.S_IMODE((env.conf_dir / name).stat().st_mode)
+        for name in ("minion.d/multimaster.conf", "master.d/multimaster.conf")
+    }
+    runs["second"] = env.cmd("state.sls", "multimaster")
+    runs["clean"] = env.cmd("state.sls", "multimaster.clean")
+    runs["clean_written"] = env.written()
+    runs["clean_again"] = env.cmd("state.sls", "multimaster.clean")
+    return env, runs
+
+
+def test_dry_run_reports_and_writes_nothing(hot):
+    _, runs = hot
+    assert not failed(runs["dry"]), runs["dry"]
+    dry = results(runs["dry"])
+    assert dry["multimaster-minion-config-file-managed"]["result"] is None
+    assert dry["multimaster-master-config-file-managed"]["result"] is None
+    assert runs["dry_written"] == []
+
+
+def test_first_run_writes_only_config(hot):
+    env, runs = hot
+    assert not failed(runs["first"]), runs["first"]
+    assert runs["first_written"] == [
+        "conf/master.d/multimaster.conf",
+        "conf/minion.d/multimaster.conf",
+    ]
+    assert changed(runs["first"]) == [
+        "multimaster-master-config-file-managed",
+        "multimaster-minion-config-file-managed",
+    ]
+    assert runs["minion_conf"]["master"] == [m["host"] for m in MASTERS]
+    assert runs["minion_conf"]["master_type"] == "str"
+    assert runs["master_conf"]["multimaster"]["mode"] == "hot"
+    assert runs["master_conf"]["ret_port"] == 4506
+    assert runs["modes"] == {"minion.d/multimaster.conf": 0o644, "master.d/multimaster.conf": 0o640}
+
+
+def test_restart_without_running_daemons_is_a_no_op(hot):
+    env, runs = hot
+    first = results(runs["first"])
+    minion = first["multimaster-minion-service-restarted"]
+    assert minion["result"] is True and minion["changes"] == {}
+    assert minion["comment"].startswith("salt-minion not restarted: no running daemon recorded")
+    master = first["multimaster-master-service-running-master-restarted"]
+    assert master["result"] is True and master["changes"] == {}
+    assert str(env.base / "run" / "salt-master.pid") in master["comment"]
+
+
+def test_second_run_changes_nothing(hot):
+    _, runs = hot
+    assert not failed(runs["second"]), runs["second"]
+    assert changed(runs["second"]) == []
+
+
+def test_clean_removes_what_was_written(hot):
+    _, runs = hot
+    assert not failed(runs["clean"]), runs["clean"]
+    assert changed(runs["clean"]) == [
+        "multimaster-master-clean-config-file-absent",
+        "multimaster-minion-clean-config-file-absent",
+    ]
+    assert runs["clean_written"] == []
+    assert changed(runs["clean_again"]) == []
+
+
+def test_signing_pubkey_delivered_and_cleaned(salt_env):
+    env = salt_env(
+        "web1",
+        pillar(mode="failover", signing={"enabled": True, "public_key": SIGN_PUB}, **SETTINGS),
+    )
+    ret = env.cmd("state.sls", "multimaster.minion")
+    assert not failed(ret), ret
+    assert env.written() == ["conf/minion.d/multimaster.conf", "pki/minion/master_sign.pub"]
+    assert (env.minion_pki / "master_sign.pub").read_text() == SIGN_PUB
+    conf = read_yaml(env.conf_dir / "minion.d" / "multimaster.conf")
+    assert conf["verify_master_pubkey_sign"] is True
+    assert conf["master_type"] == "failover"
+    ret = env.cmd("state.sls", "multimaster.minion.clean")
+    assert not failed(ret), ret
+    assert env.written() == []
+
+
+@pytest.mark.parametrize("sls", ["multimaster", "multimaster.minion", "multimaster.master"])
+def test_bad_pillar_writes_nothing(salt_env, sls):
+    env = salt_env("master2", pillar(mode="hot", failover={"alive_interval": 5}, **SETTINGS))
+    ret = env.cmd("state.sls", sls)
+    assert isinstance(ret, list), f"a bad pillar was applied: {ret}"
+    message = "multimaster:failover: got {\"alive_interval\": 5}; expected no 'failover' section"
+    assert any(message in error for error in ret), ret
+    assert env.written() == []

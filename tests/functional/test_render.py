@@ -1,0 +1,334 @@
+"""
+Every SLS of the formula renders with ``pillar.example`` and with each mode, through Salt's own
+loader and renderers (``state.show_sls`` on a masterless minion), and the rendered data is what
+the pillar asked for. A bad pillar makes every SLS fail to render, naming the key.
+"""
+
+import pathlib
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FORMULA = ROOT / "multimaster"
+
+# Reactor and orchestrate SLS render only in their own context (event data, runner).
+CONTEXT_ONLY = ("reactor", "orch")
+
+
+def sls_names():
+    names = []
+    for path in sorted(FORMULA.rglob("*.sls")):
+        rel = path.relative_to(FORMULA).with_suffix("")
+        if rel.parts[0] in CONTEXT_ONLY:
+            continue
+        parts = ("multimaster", *rel.parts)
+        if parts[-1] == "init":
+            parts = parts[:-1]
+        names.append(".".join(parts))
+    return names
+
+
+SLS = sls_names()
+REQUIRED_SLS = {
+    "multimaster",
+    "multimaster.clean",
+    "multimaster.master",
+    "multimaster.master.clean",
+    "multimaster.master.config",
+    "multimaster.master.package",
+    "multimaster.master.service",
+    "multimaster.minion",
+    "multimaster.minion.clean",
+    "multimaster.minion.config",
+    "multimaster.minion.service",
+}
+
+
+def public_pem():
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+
+
+SIGN_PUB = public_pem()
+MASTERS = [
+    {"id": "master1", "host": "127.0.0.2", "config_dir": "/nonexistent/master1"},
+    {"id": "master2", "host": "127.0.0.3"},
+]
+
+
+def pillar(**extra):
+    data = {"masters": [dict(m) for m in MASTERS]}
+    data.update(extra)
+    return data
+
+
+# name -> (minion id, pillar); master2's control minion is the minion under test unless said.
+VARIANTS = {
+    "example": ("master2", (ROOT / "pillar.example").read_text()),
+    "hot": ("master2", pillar(mode="hot")),
+    "hot-plain-minion": ("web1", pillar(mode="hot")),
+    "failover": (
+        "master2",
+        pillar(mode="failover", failover={"alive_interval": 10, "failback": True}),
+    ),
+    "failover-signing": (
+        "master2",
+        pillar(mode="failover", signing={"enabled": True, "public_key": SIGN_PUB}),
+    ),
+    "cluster": ("master2", pillar(mode="cluster", cluster={"balancer": "127.0.0.10"})),
+    "ipc-tcp": ("master2", pillar(minion={"ipc_mode": "tcp", "tcp_pub_port": 4610})),
+    "gitfs-acl": (
+        "master2",
+        pillar(
+            master={
+                "gitfs": {"remotes": ["https://git.example.com/salt/multimaster-formula.git"]},
+                "acl": {"publisher_acl": {"deploy": [{"web*": ["test.ping"]}]}},
+            }
+        ),
+    ),
+    "unmanaged": ("master2", pillar(install_packages=False, manage_services=False)),
+}
+
+
+@pytest.fixture(scope="module")
+def rendered(salt_env):
+    """
+    ``rendered(variant)``: its environment and ``{sls: high data or [errors]}`` for every SLS,
+    rendered together once (see conftest: one environment's work is never interleaved).
+    """
+    cache = {}
+
+    def get(variant, table=VARIANTS):
+        if variant not in cache:
+            minion_id, data = table[variant]
+            env = salt_env(minion_id, data)
+            cache[variant] = env, env.render(SLS)
+        return cache[variant]
+
+    return get
+
+
+def comparable(high):
+    """
+    High data without the ``order`` Salt numbers states with (it counts across renders).
+    """
+    return {
+        sid: {
+            key: [i for i in items if not (isinstance(i, dict) and "order" in i)]
+            if isinstance(items, list)
+            else items
+            for key, items in body.items()
+        }
+        for sid, body in high.items()
+    }
+
+
+def states(rendered):
+    assert isinstance(rendered, dict), f"render failed: {rendered}"
+    return {sid: body for sid, body in rendered.items() if not sid.startswith("__")}
+
+
+def args(body):
+    """
+    ``{"file": [{"name": ...}, {"dataset": ...}, "serialize", ...]}`` -> (fun, {arg: value}).
+    """
+    (module, items), *_ = ((k, v) for k, v in body.items() if not k.startswith("__"))
+    fun = next(item for item in items if isinstance(item, str))
+    kwargs = {}
+    for item in items:
+        if isinstance(item, dict):
+            kwargs.update(item)
+    return f"{module}.{fun}", kwargs
+
+
+def test_every_sls_is_covered():
+    assert REQUIRED_SLS <= set(SLS)
+
+
+@pytest.mark.parametrize("sls", SLS)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_sls_renders(rendered, variant, sls):
+    _, results = rendered(variant)
+    assert isinstance(results[sls], dict), f"{sls} failed to render: {results[sls]}"
+    assert states(results[sls]), f"{sls} rendered no states"
+
+
+def minion_dataset(env, results):
+    fun, kwargs = args(
+        states(results["multimaster.minion"])["multimaster-minion-config-file-managed"]
+    )
+    assert fun == "file.serialize"
+    assert kwargs["name"] == str(env.conf_dir / "minion.d" / "multimaster.conf")
+    return kwargs["dataset"]
+
+
+def master_dataset(env, results):
+    fun, kwargs = args(
+        states(results["multimaster.master"])["multimaster-master-config-file-managed"]
+    )
+    assert fun == "file.serialize"
+    assert kwargs["name"] == str(env.conf_dir / "master.d" / "multimaster.conf")
+    return kwargs["dataset"]
+
+
+def test_pillar_example_outputs(rendered):
+    env, results = rendered("example")
+    minion = minion_dataset(env, results)
+    assert minion["master"] == ["10.0.3.61", "10.0.3.230"]
+    assert minion["master_type"] == "failover"
+    assert minion["master_failback"] is True
+    master = master_dataset(env, results)
+    assert master["multimaster"]["mode"] == "failover"
+    assert [m["id"] for m in master["multimaster"]["masters"]] == ["master1", "master2"]
+    assert master["publisher_acl"] == {"deploy": [{"web*": ["state.apply", "test.ping"]}]}
+    assert "pam" in master["external_auth"]
+    everything = states(results["multimaster"])
+    assert "multimaster-master-package-install-pkg-installed" in everything
+    assert "multimaster-minion-config-pkg-installed" in everything
+
+
+def test_hot_outputs(rendered):
+    env, results = rendered("hot")
+    minion = minion_dataset(env, results)
+    assert minion["master"] == ["127.0.0.2", "127.0.0.3"]
+    assert minion["master_type"] == "str"
+    assert "master_alive_interval" not in minion
+    master = master_dataset(env, results)
+    assert (master["publish_port"], master["ret_port"]) == (4505, 4506)
+    assert "master_sign_pubkey" not in master
+    master_states = states(results["multimaster.master"])
+    fun, kwargs = args(master_states["multimaster-master-config-key-files-secure"])
+    assert fun == "multimaster.master_key_files_secure"
+    assert kwargs["pki_dir"] == str(env.master_pki)
+    fun, kwargs = args(master_states["multimaster-master-service-running-master-restarted"])
+    assert fun == "multimaster.master_restarted"
+    assert kwargs["pidfile"] == str(env.base / "run" / "salt-master.pid")
+    minion_states = states(results["multimaster.minion"])
+    fun, kwargs = args(minion_states["multimaster-minion-service-restarted"])
+    assert fun == "multimaster.minion_restarted"
+    assert kwargs["onchanges"] == [{"file": "multimaster-minion-config-file-managed"}]
+    # The clean states remove exactly what was written.
+    _, kwargs = args(
+        states(results["multimaster.clean"])["multimaster-minion-clean-config-file-absent"]
+    )
+    assert kwargs["name"] == str(env.conf_dir / "minion.d" / "multimaster.conf")
+    _, kwargs = args(
+        states(results["multimaster.clean"])["multimaster-master-clean-config-file-absent"]
+    )
+    assert kwargs["name"] == str(env.conf_dir / "master.d" / "multimaster.conf")
+
+
+def test_show_sls_agrees(rendered):
+    # The harness renders as state.show_sls does; check it against the public function once.
+    env, results = rendered("hot")
+    public = env.cmd("state.show_sls", "multimaster.minion")
+    assert comparable(states(public)) == comparable(states(results["multimaster.minion"]))
+
+
+def test_plain_minion_gets_no_master_states(rendered):
+    env, results = rendered("hot-plain-minion")
+    assert minion_dataset(env, results)["master"] == ["127.0.0.2", "127.0.0.3"]
+    for sls in ("multimaster", "multimaster.clean"):
+        assert not any(sid.startswith("multimaster-master-") for sid in states(results[sls]))
+    # Asked for explicitly, multimaster.master fails with the reason instead of guessing.
+    fun, kwargs = args(
+        states(results["multimaster.master"])["multimaster-master-config-not-a-control-minion"]
+    )
+    assert fun == "test.fail_without_changes"
+    assert "no entry has minion_id web1" in kwargs["name"]
+
+
+def test_failover_outputs(rendered):
+    env, results = rendered("failover")
+    minion = minion_dataset(env, results)
+    assert minion["master_type"] == "failover"
+    assert minion["master_alive_interval"] == 10
+    assert minion["master_failback"] is True
+    assert "verify_master_pubkey_sign" not in minion
+    minion_states = states(results["multimaster.minion"])
+    assert "multimaster-minion-config-signing-pubkey-managed" not in minion_states
+
+
+def test_failover_signing_outputs(rendered):
+    env, results = rendered("failover-signing")
+    assert minion_dataset(env, results)["verify_master_pubkey_sign"] is True
+    assert master_dataset(env, results)["master_sign_pubkey"] is True
+    minion_states = states(results["multimaster.minion"])
+    fun, kwargs = args(minion_states["multimaster-minion-config-signing-pubkey-managed"])
+    assert fun == "file.managed"
+    assert kwargs["name"] == str(env.minion_pki / "master_sign.pub")
+    assert kwargs["contents"] == SIGN_PUB
+    _, kwargs = args(minion_states["multimaster-minion-service-restarted"])
+    assert {"file": "multimaster-minion-config-signing-pubkey-managed"} in kwargs["onchanges"]
+    clean = states(results["multimaster.minion.clean"])
+    _, kwargs = args(clean["multimaster-minion-clean-signing-pubkey-absent"])
+    assert kwargs["name"] == str(env.minion_pki / "master_sign.pub")
+
+
+def test_cluster_outputs(rendered):
+    env, results = rendered("cluster")
+    minion = minion_dataset(env, results)
+    assert minion["master"] == ["127.0.0.10"]
+    assert minion["master_type"] == "str"
+
+
+def test_ipc_tcp_outputs(rendered):
+    env, results = rendered("ipc-tcp")
+    minion = minion_dataset(env, results)
+    assert (minion["ipc_mode"], minion["tcp_pub_port"], minion["tcp_pull_port"]) == (
+        "tcp",
+        4610,
+        4511,
+    )
+
+
+def test_gitfs_outputs(rendered):
+    env, results = rendered("gitfs-acl")
+    master = master_dataset(env, results)
+    assert master["fileserver_backend"] == ["roots", "gitfs"]
+    assert master["gitfs_provider"] == "pygit2"
+    assert master["gitfs_remotes"] == ["https://git.example.com/salt/multimaster-formula.git"]
+    assert master["publisher_acl"] == {"deploy": [{"web*": ["test.ping"]}]}
+    master_states = states(results["multimaster.master"])
+    _, kwargs = args(master_states["multimaster-master-package-install-gitfs-pkg-installed"])
+    assert kwargs["name"] == "python3-pygit2"
+
+
+def test_unmanaged_outputs(rendered):
+    _, results = rendered("unmanaged")
+    everything = states(results["multimaster"])
+    assert not any(args(body)[0] == "pkg.installed" for body in everything.values())
+    restarts = {"multimaster.minion_restarted", "multimaster.master_restarted"}
+    assert not any(args(body)[0] in restarts for body in everything.values())
+    assert "multimaster-minion-service-unmanaged" in everything
+    assert "multimaster-master-service-unmanaged" in everything
+
+
+BAD = {
+    "interval": (
+        "master2",
+        pillar(mode="failover", failover={"alive_interval": "30s"}),
+        'multimaster:failover:alive_interval: got "30s"; expected an integer >= 1',
+    ),
+    "mode": ("master2", pillar(mode="active"), 'multimaster:mode: got "active"; expected one of'),
+    "minion-id": (
+        "master1",
+        pillar(masters=[{"id": "master1", "host": "h1", "minion_id": "-rf"}]),
+        "multimaster:masters[0]:minion_id: '-rf' is not a valid id",
+    ),
+}
+
+
+@pytest.mark.parametrize("sls", SLS)
+@pytest.mark.parametrize("bad", list(BAD))
+def test_bad_pillar_fails_every_sls(rendered, bad, sls):
+    _, results = rendered(bad, {k: v[:2] for k, v in BAD.items()})
+    errors = results[sls]
+    assert isinstance(errors, list), f"{sls} rendered despite a bad pillar: {errors}"
+    assert any(BAD[bad][2] in error for error in errors), errors
