@@ -335,6 +335,16 @@ def _master_alive(mopts):
     return multimaster_daemon.wait_port(host, mopts["ret_port"], timeout=2)
 
 
+# What each planned action leaves in the key store (None: no key at all).
+_TARGET_STATE = {
+    "accept": "accepted",
+    "pend": "pending",
+    "reject": "rejected",
+    "deny": "denied",
+    "delete": None,
+}
+
+
 def _checked_pem(action):
     pem = multimaster_keys.canonical(action.get("pub"), f"key of {action['id']!r}")
     if multimaster_keys.fingerprint(pem) != action.get("fp"):
@@ -363,31 +373,23 @@ def apply_key_actions(actions, config_dir=None):
     checked = []
     for action in actions:
         multimaster_ids.check_id(action.get("id"), "minion id")
-        if action.get("op") not in ("accept", "pend", "reject", "deny", "delete"):
+        if action.get("op") not in _TARGET_STATE:
             raise CommandExecutionError(f"unknown key action {action.get('op')!r}")
         pem = None if action["op"] == "delete" else _checked_pem(action)
         checked.append((action, pem))
     repaired = multimaster_keystore.repair(mopts)
     current, _ = multimaster_keystore.inventory(mopts, ids={a["id"] for a in actions})
-    done, skipped, rotate = [], [], False
+    changes, done, skipped, rotate = [], [], [], False
     for action, pem in checked:
         minion_id, op = action["id"], action["op"]
         held = current.get(minion_id)
         if held != action.get("expect"):
             skipped.append({"id": minion_id, "op": op, "reason": f"changed since planned: {held}"})
             continue
-        if op == "accept":
-            multimaster_keystore.set_state(mopts, minion_id, "accepted", pem)
-        elif op == "pend":
-            multimaster_keystore.set_state(mopts, minion_id, "pending", pem)
-        elif op == "reject":
-            multimaster_keystore.set_state(mopts, minion_id, "rejected", pem)
-        elif op == "deny":
-            multimaster_keystore.deny(mopts, minion_id, pem)
-        else:
-            multimaster_keystore.delete(mopts, minion_id)
+        changes.append((minion_id, _TARGET_STATE[op], pem))
         rotate = rotate or (op in ("reject", "delete") and bool(held) and held[0] == "accepted")
         done.append({"id": minion_id, "op": op})
+    multimaster_keystore.write(mopts, changes)
     if rotate:
         multimaster_keystore.rotate_aes(mopts)
     return {"done": done, "skipped": skipped, "repaired": repaired, "rotated": rotate}

@@ -43,16 +43,17 @@ def _der(pem):
         return None
 
 
+def _sha256_hex(der):
+    return hashlib.sha256(der).digest().hex(":")
+
+
 def fingerprint(pem):
     """
     SHA-256 of the DER SubjectPublicKeyInfo of ``pem`` (cheap: no RSA parsing), or None when
     ``pem`` is not one "PUBLIC KEY" PEM block.
     """
     der = _der(pem)
-    if der is None:
-        return None
-    digest = hashlib.sha256(der).hexdigest()
-    return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
+    return None if der is None else _sha256_hex(der)
 
 
 def private_key_fingerprint(pem):
@@ -63,8 +64,7 @@ def private_key_fingerprint(pem):
     der = key.public_key().public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-    digest = hashlib.sha256(der).hexdigest()
-    return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
+    return _sha256_hex(der)
 
 
 def salt_finger(pem):

@@ -63,14 +63,17 @@ def inventory(mopts, with_pubs=False, ids=None):
     ``{id: entry}`` (entry as in ``multimaster_keys.plan``) and, with ``with_pubs``, the PEMs as
     ``{id: {"key": pem, "denied": pem}}``. ``ids`` limits the result to those ids.
     """
-    cache = _cache(mopts)
-    keys = cache.list_all("keys", include_data=True)
-    denied = {}
-    for minion_id in cache.list("denied_keys"):
-        if ids is None or minion_id in ids:
-            pems = cache.fetch("denied_keys", minion_id) or []
-            if pems:
-                denied[minion_id] = pems[0]
+    if _localfs(mopts):
+        keys, denied = _scan_localfs(_pki(mopts), ids)
+    else:
+        cache = _cache(mopts)
+        keys = cache.list_all("keys", include_data=True)
+        denied = {}
+        for minion_id in cache.list("denied_keys"):
+            if ids is None or minion_id in ids:
+                pems = cache.fetch("denied_keys", minion_id) or []
+                if pems:
+                    denied[minion_id] = pems[0]
     entries, pubs = {}, {}
     for minion_id, data in keys.items():
         if ids is not None and minion_id not in ids:
@@ -84,6 +87,37 @@ def inventory(mopts, with_pubs=False, ids=None):
         if with_pubs:
             pubs.setdefault(minion_id, {})["denied"] = pem
     return entries, pubs
+
+
+def _read_dir(path, ids):
+    found = {}
+    try:
+        entries = os.scandir(path)
+    except FileNotFoundError:
+        return found
+    with entries:
+        for entry in entries:
+            # What Salt's localfs_key reads: regular files, no dotfiles; ids it would accept.
+            if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
+                continue
+            if ids is not None and entry.name not in ids:
+                continue
+            with open(entry.path, encoding="utf-8", errors="replace") as handle:
+                found[entry.name] = handle.read()
+    return found
+
+
+def _scan_localfs(pki, ids):
+    """
+    ``localfs_key.list_all`` equivalent with plain reads: at 10,000 keys its per-file path
+    checks cost seconds. Salt's reading priority applies when an id sits in two state dirs.
+    """
+    keys = {}
+    for name in reversed(PRIORITY):
+        state = next(s for s, d in STATE_DIRS.items() if d == name)
+        for minion_id, pem in _read_dir(os.path.join(pki, name), ids).items():
+            keys[minion_id] = {"state": state, "pub": pem}
+    return keys, _read_dir(os.path.join(pki, DENIED_DIR), ids)
 
 
 def repair_needed(mopts):
@@ -139,72 +173,73 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def _write_file(mopts, state_dir, minion_id, pem):
-    pki = _pki(mopts)
+def _stage(pki, user, pem):
+    """
+    Write ``pem`` to a temp file outside the state dirs (same filesystem) and return its path.
+    """
     tmp_dir = os.path.join(pki, TMP_DIR)
     os.makedirs(tmp_dir, mode=0o700, exist_ok=True)
-    target_dir = os.path.join(pki, state_dir)
-    os.makedirs(target_dir, mode=0o750, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=tmp_dir)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(pem.encode())
-            handle.flush()
-            os.fsync(handle.fileno())
-        uid = salt.utils.user.get_uid(mopts["user"]) if mopts.get("user") else None
-        if uid is not None:
-            os.chown(tmp, uid, -1)
-        os.replace(tmp, os.path.join(target_dir, minion_id))
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(target_dir)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(pem.encode())
+    uid = salt.utils.user.get_uid(user) if user else None
+    if uid is not None:
+        os.chown(tmp, uid, -1)
+    return tmp
 
 
-def _remove_files(mopts, minion_id, dirs):
+def _others(state):
+    if state == "denied":
+        return []
+    if state is None:
+        return list(STATE_DIRS.values()) + [DENIED_DIR]
+    return [d for s, d in STATE_DIRS.items() if s != state]
+
+
+def write(mopts, changes):
+    """
+    Apply ``changes``, a list of ``(minion_id, state, pem)``: state accepted, pending or rejected
+    (the id ends up in that state only), denied (a denied key beside whatever the id holds), or
+    None (every key of the id is removed). PEMs must already be canonical and checked.
+
+    localfs_key: every new file is staged and made durable by one sync before any rename, then
+    renamed into place and the id's other states removed (a crash leaves at most temp files and
+    an id in two dirs, both handled by ``repair``). Other drivers go through the key cache.
+    """
+    for minion_id, _, _ in changes:
+        multimaster_ids.check_id(minion_id, "minion id")
+    if not _localfs(mopts):
+        _write_cache(mopts, changes)
+        return
     pki = _pki(mopts)
-    for name in dirs:
-        path = os.path.join(pki, name, minion_id)
-        if os.path.isfile(path):
-            os.unlink(path)
+    staged = [_stage(pki, mopts.get("user"), pem) if state else None for _, state, pem in changes]
+    os.sync()
+    touched = set()
+    for (minion_id, state, _), tmp in zip(changes, staged, strict=True):
+        if state:
+            target = STATE_DIRS.get(state, DENIED_DIR)
+            os.makedirs(os.path.join(pki, target), mode=0o750, exist_ok=True)
+            os.replace(tmp, os.path.join(pki, target, minion_id))
+            touched.add(target)
+        for other in _others(state):
+            path = os.path.join(pki, other, minion_id)
+            if os.path.isfile(path):
+                os.unlink(path)
+                touched.add(other)
+    for name in touched:
+        _fsync_dir(os.path.join(pki, name))
 
 
-def set_state(mopts, minion_id, state, pem):
-    """
-    Store ``pem`` for ``minion_id`` in ``state`` (accepted, pending or rejected), leaving it in
-    no other state. ``pem`` must already be canonical and fingerprint-checked.
-    """
-    multimaster_ids.check_id(minion_id, "minion id")
-    if not _localfs(mopts):
-        _cache(mopts).store("keys", minion_id, {"state": state, "pub": pem})
-        return
-    _write_file(mopts, STATE_DIRS[state], minion_id, pem)
-    _remove_files(mopts, minion_id, [d for s, d in STATE_DIRS.items() if s != state])
-
-
-def deny(mopts, minion_id, pem):
-    """
-    Store ``pem`` as a denied key of ``minion_id`` (beside any key it holds).
-    """
-    multimaster_ids.check_id(minion_id, "minion id")
-    if not _localfs(mopts):
-        _cache(mopts).store("denied_keys", minion_id, [pem])
-        return
-    _write_file(mopts, DENIED_DIR, minion_id, pem)
-
-
-def delete(mopts, minion_id):
-    """
-    Remove every key of ``minion_id`` (all states, denied included).
-    """
-    multimaster_ids.check_id(minion_id, "minion id")
-    if not _localfs(mopts):
-        cache = _cache(mopts)
-        cache.flush("keys", minion_id)
-        cache.flush("denied_keys", minion_id)
-        return
-    _remove_files(mopts, minion_id, list(STATE_DIRS.values()) + [DENIED_DIR])
+def _write_cache(mopts, changes):
+    cache = _cache(mopts)
+    for minion_id, state, pem in changes:
+        if state == "denied":
+            cache.store("denied_keys", minion_id, [pem])
+        elif state:
+            cache.store("keys", minion_id, {"state": state, "pub": pem})
+        else:
+            cache.flush("keys", minion_id)
+            cache.flush("denied_keys", minion_id)
 
 
 def rotate_aes(mopts):
