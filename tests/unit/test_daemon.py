@@ -6,8 +6,10 @@ The pure parts of ``multimaster_daemon``: pidfiles, command lines, and the no-da
 import os
 import subprocess
 import sys
+import time
 
 import multimaster_daemon
+import psutil
 import pytest
 
 
@@ -18,6 +20,11 @@ def child():
     def start(*extra):
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *extra])
         procs.append(proc)
+        # Between fork and exec the child's command line is still empty: wait for the exec.
+        deadline = time.monotonic() + 10
+        while psutil.Process(proc.pid).cmdline()[:1] != [sys.executable]:
+            assert time.monotonic() < deadline, "the child did not start"
+            time.sleep(0.01)
         return proc
 
     yield start
