@@ -1,0 +1,868 @@
+#!/usr/bin/env python3
+"""
+The multimaster demo lab: two salt-masters, their control minions and two plain minions on
+loopback, configured by the formula's own states, entirely inside lab/run/ (nothing in /etc, no
+system services).
+
+Commands:
+
+  demo   (default) build the lab, show test.ping answered from each master, stop master1, time
+         how long the failover minion takes to answer from master2, print a report with timings,
+         then stop every daemon.
+  up     build the lab the same way and leave it running for exploration, e.g.
+             .venv/bin/salt -c lab/run/master1 '*' test.ping
+             .venv/bin/salt -c lab/run/master2 '*' multimaster.active_master
+             .venv/bin/salt-key -c lab/run/master2 -L
+         (lab/run/<host>/ is that host's /etc/salt; logs are in lab/run/<host>/log/).
+  down   stop every lab daemon and remove lab/run/.
+
+The lab:
+
+  host      daemons                          address    role
+  master1   salt-master + control minion     127.0.0.2  primary master
+  master2   salt-master + control minion     127.0.0.3  second master, added by the formula
+  minion1   salt-minion                      -          hot: connected to both masters
+  minion2   salt-minion                      -          failover: one master at a time
+
+Both masters use publish port 24505 and ret port 24506. Every minion starts knowing only
+master1; the formula (delivered through master1's file_roots = this checkout, synced with
+saltutil.sync_all) configures master2 and then every minion. Until the key-plane runners
+exist, the lab itself gives master2 master1's master keypair (before master2 first starts) and
+master1's accepted minion keys (copy_master_key / copy_minion_keys).
+
+Run it with the virtualenv's Python (``make demo`` / ``make down``): the Salt CLIs are taken from
+the directory of that interpreter.
+"""
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+RUN = REPO / "lab" / "run"
+PILLAR = RUN / "pillar"
+BIN = Path(sys.executable).parent
+
+PORTS = {"publish": 24505, "ret": 24506}
+MASTERS = {"master1": "127.0.0.2", "master2": "127.0.0.3"}
+# Minion id -> the role the demo gives it. master1/master2 are the masters' control minions.
+MINIONS = {
+    "master1": "control, hot",
+    "master2": "control, hot",
+    "minion1": "hot",
+    "minion2": "failover",
+}
+FAILOVER_MINION = "minion2"
+ALIVE_INTERVAL = 5
+# file_roots is this checkout, which also holds .venv/, lab/run/, bench/run/ (private keys!):
+# serve only the formula (multimaster/ and the _modules/, _states/ ... dirs). Salt matches these
+# against relative paths when listing files and against absolute paths when serving one.
+_FORMULA_PARTS = r"(?!(multimaster|_[a-z_]+)(/|$))"
+FILE_IGNORE_REGEX = [rf"^(?!/){_FORMULA_PARTS}", rf"^{re.escape(str(REPO))}/{_FORMULA_PARTS}"]
+
+# Bounds for every wait (seconds). Generous: this must pass on a busy 2-core machine.
+DAEMON_START_TIMEOUT = 60
+DAEMON_STOP_TIMEOUT = 30
+KEY_PENDING_TIMEOUT = 60
+PING_TIMEOUT = 120
+STATE_TIMEOUT = 300
+FAILOVER_TIMEOUT = 8 * ALIVE_INTERVAL + 60
+
+
+class LabError(Exception):
+    """
+    A lab step failed; ``logs`` are the daemon log files that explain why.
+    """
+
+    def __init__(self, message, logs=()):
+        super().__init__(message)
+        self.logs = [Path(log) for log in logs]
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """
+    One salt-master or salt-minion of the lab; ``host`` names its directory under lab/run/.
+    """
+
+    host: str
+    role: str  # "master" or "minion"
+
+    @property
+    def dir(self):
+        """The host's config dir (its /etc/salt) and root_dir."""
+        return RUN / self.host
+
+    @property
+    def pidfile(self):
+        """Where the daemon records its pid."""
+        return self.dir / "run" / f"salt-{self.role}.pid"
+
+    @property
+    def log(self):
+        """The daemon's log file."""
+        return self.dir / "log" / f"{self.role}.log"
+
+    @property
+    def pki_dir(self):
+        """The daemon's key directory."""
+        return self.dir / "pki" / self.role
+
+    @property
+    def label(self):
+        """How messages name the daemon."""
+        return f"salt-{self.role} {self.host}"
+
+
+def master(name):
+    """The salt-master of host ``name``."""
+    return Daemon(name, "master")
+
+
+def minion(name):
+    """The salt-minion with id ``name`` (its host directory has the same name)."""
+    return Daemon(name, "minion")
+
+
+def all_daemons():
+    """Every daemon the lab can run, masters first."""
+    return [master(name) for name in MASTERS] + [minion(name) for name in MINIONS]
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+class Report:
+    """
+    Collects each step's duration and prints progress as the lab runs.
+    """
+
+    def __init__(self):
+        self.started = time.monotonic()
+        self.steps = []
+        self.matrices = []
+        self.notes = []
+
+    @contextlib.contextmanager
+    def step(self, title):
+        """Time the enclosed block as one named step; failures are recorded too."""
+        print(f"==> {title}", flush=True)
+        began = time.monotonic()
+        try:
+            yield
+        except BaseException:
+            self.steps.append((title, time.monotonic() - began, "FAILED"))
+            raise
+        seconds = time.monotonic() - began
+        self.steps.append((title, seconds, "ok"))
+        print(f"    done in {seconds:.1f}s", flush=True)
+
+    def total(self):
+        """Seconds since the lab started."""
+        return time.monotonic() - self.started
+
+    def render(self, outcome):
+        """The final, human-readable report."""
+        lines = ["", "=" * 72, f"multimaster demo lab: {outcome}", "=" * 72, "", "Steps:"]
+        for number, (title, seconds, status) in enumerate(self.steps, 1):
+            flag = "" if status == "ok" else f"  <-- {status}"
+            lines.append(f"  {number:2d}. {title:<56} {seconds:6.1f}s{flag}")
+        for title, table in self.matrices:
+            lines += ["", title] + table
+        if self.notes:
+            lines += [""] + self.notes
+        lines += ["", f"Total: {self.total():.1f}s", ""]
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Processes
+
+
+def cli(name):
+    """Path of a Salt CLI in the virtualenv that runs this script."""
+    path = BIN / name
+    if not path.exists():
+        raise LabError(
+            f"{path} not found: run the lab with the virtualenv's Python (make venv; make demo)"
+        )
+    return str(path)
+
+
+def run(args, timeout, check=True):
+    """Run a command, capture its output, raise LabError on timeout or (with check) failure."""
+    try:
+        proc = subprocess.run(
+            args, capture_output=True, text=True, timeout=timeout, check=False, cwd=REPO
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise LabError(f"timed out after {timeout}s: {' '.join(args)}") from exc
+    if check and proc.returncode != 0:
+        raise LabError(
+            f"exit code {proc.returncode}: {' '.join(args)}\n{proc.stdout}{proc.stderr}".rstrip()
+        )
+    return proc
+
+
+def salt(on_master, target, fun, *args, timeout=30, list_target=False):
+    """
+    Run ``salt`` on master ``on_master``; returns the JSON result ({minion id: return}) and the
+    finished process. Minions that did not return map to Salt's "did not return" message.
+    """
+    cmd = [cli("salt"), "-c", str(master(on_master).dir), "--out", "json", "--static"]
+    cmd += ["-t", str(timeout)]
+    if list_target:
+        cmd.append("-L")
+    cmd += [target, fun, *args]
+    proc = run(cmd, timeout=timeout + 60, check=False)
+    try:
+        data = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    except json.JSONDecodeError:
+        data = {}
+    return data if isinstance(data, dict) else {}, proc
+
+
+def read_pid(daemon):
+    """The live pid recorded in the daemon's pidfile, else None."""
+    try:
+        pid = int(daemon.pidfile.read_text().strip())
+        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            return pid
+    except (OSError, ValueError, psutil.Error):
+        pass
+    return None
+
+
+def wait_for(what, check, timeout, interval=1.0, logs=()):
+    """
+    Call ``check`` until it returns something truthy (which is returned) or ``timeout`` passes.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise LabError(f"timed out after {timeout}s waiting for {what}", logs)
+        time.sleep(interval)
+
+
+def port_open(host, port):
+    """True when something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def start_daemon(daemon):
+    """Start a lab daemon in the background and wait until its pidfile names a live process."""
+    args = [cli(f"salt-{daemon.role}"), "-c", str(daemon.dir), "-d"]
+    proc = run(args, timeout=DAEMON_START_TIMEOUT, check=False)
+    if proc.returncode != 0:
+        raise LabError(
+            f"{daemon.label} failed to start ({proc.returncode}): {proc.stderr.strip()}",
+            [daemon.log],
+        )
+    return wait_for(
+        f"{daemon.label} to write {daemon.pidfile}",
+        lambda: read_pid(daemon),
+        DAEMON_START_TIMEOUT,
+        interval=0.3,
+        logs=[daemon.log],
+    )
+
+
+def wait_master_listening(name):
+    """Wait until master ``name`` accepts connections on its publish and ret ports."""
+    daemon = master(name)
+    for port in PORTS.values():
+        wait_for(
+            f"{daemon.label} to listen on {MASTERS[name]}:{port}",
+            lambda port=port: read_pid(daemon) and port_open(MASTERS[name], port),
+            DAEMON_START_TIMEOUT,
+            interval=0.3,
+            logs=[daemon.log],
+        )
+
+
+def wait_restarted(daemon, old_pid):
+    """Wait until ``daemon`` runs again under a pid other than ``old_pid``."""
+    return wait_for(
+        f"{daemon.label} to restart (it ran as pid {old_pid})",
+        lambda: (pid := read_pid(daemon)) and pid != old_pid and pid,
+        DAEMON_START_TIMEOUT + DAEMON_STOP_TIMEOUT,
+        interval=0.3,
+        logs=[daemon.log],
+    )
+
+
+def stop_pids(pids):
+    """
+    SIGTERM the processes ``pids`` at once, wait for them and their children to exit, SIGKILL
+    whatever is left after the stop timeout.
+    """
+    procs = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            procs += [proc] + proc.children(recursive=True)
+            proc.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=DAEMON_STOP_TIMEOUT)
+    for leftover in alive:
+        with contextlib.suppress(psutil.Error):
+            leftover.kill()
+    psutil.wait_procs(alive, timeout=5)
+
+
+def stop_daemon(daemon):
+    """Stop a lab daemon via its pidfile (no-op when it is not running)."""
+    pid = read_pid(daemon)
+    if pid is not None:
+        stop_pids([pid])
+
+
+def stray_lab_processes():
+    """
+    Pids of this checkout's virtualenv working on lab/run (daemon children whose parent died,
+    the formula's detached restart watchers). Never this script or its ancestors.
+    """
+    own = {os.getpid()} | {parent.pid for parent in psutil.Process().parents()}
+    marker = str(RUN) + os.sep
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if proc.info["pid"] in own or not cmdline:
+            continue
+        uses_venv = any(arg.startswith(str(BIN)) for arg in cmdline[:2])
+        if uses_venv and marker in " ".join(cmdline):
+            found.append(proc.info["pid"])
+    return found
+
+
+def stop_all():
+    """Stop every lab daemon (pidfiles first, then stragglers); again if a restart raced us."""
+    for _ in range(3):
+        stop_pids([pid for pid in map(read_pid, all_daemons()) if pid])
+        stop_pids(stray_lab_processes())
+        if not stray_lab_processes() and not any(map(read_pid, all_daemons())):
+            return
+    raise LabError(f"lab processes still running: {stray_lab_processes()}")
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration
+
+
+def write_yaml(path, data, header):
+    """Write ``data`` as YAML under a comment header, creating parent directories."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = yaml.safe_dump(data, default_flow_style=False, sort_keys=False)
+    path.write_text(f"# {header}\n{body}")
+
+
+def daemon_options(daemon):
+    """Options every lab daemon gets: its id and every path inside lab/run/<host>/."""
+    return {
+        "id": daemon.host,
+        "root_dir": str(daemon.dir),
+        "user": pwd.getpwuid(os.getuid()).pw_name,
+        "pki_dir": str(daemon.pki_dir),
+        "cachedir": str(daemon.dir / "cache" / daemon.role),
+        "sock_dir": str(daemon.dir / "run" / daemon.role),
+        "pidfile": str(daemon.pidfile),
+        "log_file": str(daemon.log),
+        "log_level_logfile": "info",
+    }
+
+
+def master_options(name):
+    """Base config of a lab master. Only master1 has roots: master2 gets them from the formula."""
+    options = daemon_options(master(name))
+    options.update(
+        {
+            "interface": MASTERS[name],
+            "publish_port": PORTS["publish"],
+            "ret_port": PORTS["ret"],
+            "worker_threads": 2,
+            "open_mode": False,
+            "auto_accept": False,
+            # How long `salt` waits for minions that missed a publish (default 10s).
+            "gather_job_timeout": 2,
+        }
+    )
+    if name == "master1":
+        options.update(roots_options())
+    return options
+
+
+def roots_options():
+    """file_roots = this checkout (the formula, as a user adds it), pillar_roots = lab pillar."""
+    return {
+        "file_roots": {"base": [str(REPO)]},
+        "pillar_roots": {"base": [str(PILLAR)]},
+        "file_ignore_regex": FILE_IGNORE_REGEX,
+    }
+
+
+def minion_options(name):
+    """Base config of a lab minion: it knows only master1 until the formula says otherwise."""
+    options = daemon_options(minion(name))
+    options.update(
+        {
+            "master": MASTERS["master1"],
+            "master_port": PORTS["ret"],
+            "publish_port": PORTS["publish"],
+            # Lab pace: retry auth every 2s while the key is pending (default 10s), and give up on
+            # a request after 20s (default 60s) - a request caught by a master restart otherwise
+            # stalls the minion's returns for a full minute.
+            "acceptance_wait_time": 2,
+            "acceptance_wait_time_max": 2,
+            "request_channel_timeout": 20,
+        }
+    )
+    return options
+
+
+def multimaster_pillar():
+    """The ``multimaster`` pillar every minion gets (hot mode, both masters, lab paths)."""
+    roots = roots_options()
+    return {
+        "mode": "hot",
+        "install_packages": False,
+        "manage_services": True,
+        "ports": dict(PORTS),
+        "masters": [
+            {"id": name, "host": ip, "interface": ip, "config_dir": str(master(name).dir)}
+            for name, ip in MASTERS.items()
+        ],
+        "master": {
+            "file_roots": roots["file_roots"],
+            "pillar_roots": roots["pillar_roots"],
+            "config": {"file_ignore_regex": FILE_IGNORE_REGEX},
+        },
+    }
+
+
+def failover_pillar():
+    """What the failover minion gets on top (failover options are refused in hot mode)."""
+    return {
+        "mode": "failover",
+        "failover": {
+            "alive_interval": ALIVE_INTERVAL,
+            "failback": False,
+            "random_reauth_delay": 2,
+        },
+    }
+
+
+def write_pillar():
+    """lab/run/pillar: top.sls, multimaster.sls ('*'), multimaster_failover.sls (minion2)."""
+    top = {"base": {"*": ["multimaster"], FAILOVER_MINION: ["multimaster_failover"]}}
+    write_yaml(PILLAR / "top.sls", top, "Lab pillar top file (written by lab/lab.py)")
+    write_yaml(
+        PILLAR / "multimaster.sls",
+        {"multimaster": multimaster_pillar()},
+        "Hot multi-master: every minion talks to both masters",
+    )
+    write_yaml(
+        PILLAR / "multimaster_failover.sls",
+        {"multimaster": failover_pillar()},
+        f"{FAILOVER_MINION} only: one master at a time",
+    )
+
+
+def write_configs():
+    """Config of every daemon (lab/run/<host>/master, lab/run/<host>/minion) and the pillar."""
+    for name in MASTERS:
+        write_yaml(master(name).dir / "master", master_options(name), f"lab master {name}")
+    for name in MINIONS:
+        write_yaml(minion(name).dir / "minion", minion_options(name), f"lab minion {name}")
+    write_pillar()
+
+
+# --------------------------------------------------------------------------------------------
+# Keys. copy_master_key and copy_minion_keys stand in for the key-plane runners and will be
+# replaced by ``salt-run multimaster.sync_master_key`` and ``salt-run multimaster.sync_keys``.
+
+
+def key_lists(on_master):
+    """``salt-key -L`` of a master as a dict of state -> ids."""
+    proc = run(
+        [cli("salt-key"), "-c", str(master(on_master).dir), "-L", "--out", "json"],
+        timeout=60,
+    )
+    return json.loads(proc.stdout or "{}")
+
+
+def accept_minion_keys(on_master):
+    """Wait until every lab minion's key is pending on ``on_master``, then accept each one."""
+    wanted = set(MINIONS)
+    wait_for(
+        f"{len(wanted)} minion keys pending on {on_master}",
+        lambda: wanted <= set(key_lists(on_master).get("minions_pre", [])),
+        KEY_PENDING_TIMEOUT,
+        logs=[minion(name).log for name in MINIONS],
+    )
+    for name in MINIONS:
+        run([cli("salt-key"), "-c", str(master(on_master).dir), "-a", name, "-y"], timeout=60)
+    accepted = set(key_lists(on_master).get("minions", []))
+    if not wanted <= accepted:
+        raise LabError(f"keys not accepted on {on_master}: {sorted(wanted - accepted)}")
+
+
+def copy_master_key(source="master1", target="master2"):
+    """
+    Give ``target`` the master keypair of ``source`` before ``target`` first starts (hot
+    minions cache one master public key). Stand-in for ``salt-run multimaster.sync_master_key``.
+    """
+    if read_pid(master(target)):
+        raise LabError(f"{target} is running: its master key may only change while it is stopped")
+    src, dst = master(source).pki_dir, master(target).pki_dir
+    dst.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for name in ("master.pem", "master.pub"):
+        content = (src / name).resolve().read_bytes()  # master.pem is a symlink to <id>.pem
+        path = dst / name
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
+
+
+def copy_minion_keys(source="master1", target="master2"):
+    """
+    Copy the accepted minion keys of ``source`` to ``target``. Stand-in for
+    ``salt-run multimaster.sync_keys``.
+    """
+    src, dst = master(source).pki_dir / "minions", master(target).pki_dir / "minions"
+    dst.mkdir(parents=True, exist_ok=True, mode=0o700)
+    copied = []
+    for path in sorted(src.iterdir()):
+        if path.is_file() and not path.is_symlink() and path.name in MINIONS:
+            shutil.copyfile(path, dst / path.name)
+            (dst / path.name).chmod(0o644)
+            copied.append(path.name)
+    if set(copied) != set(MINIONS):
+        raise LabError(f"accepted keys on {source}: {copied}; expected {sorted(MINIONS)}")
+
+
+# --------------------------------------------------------------------------------------------
+# Salt calls
+
+
+def answering(on_master, targets, timeout=5):
+    """The subset of ``targets`` that answers ``test.ping`` from ``on_master``."""
+    if not read_pid(master(on_master)):
+        return set()
+    data, _ = salt(on_master, ",".join(targets), "test.ping", timeout=timeout, list_target=True)
+    return {mid for mid, ret in data.items() if ret is True}
+
+
+def wait_answering(on_master, targets, timeout=None):
+    """Wait until every minion in ``targets`` answers ``test.ping`` from ``on_master``."""
+    timeout = timeout or PING_TIMEOUT
+    targets = sorted(targets)
+    missing = set(targets)
+
+    def check():
+        missing.difference_update(answering(on_master, sorted(missing)))
+        return not missing
+
+    try:
+        wait_for(f"{targets} to answer test.ping from {on_master}", check, timeout)
+    except LabError as exc:
+        logs = [master(on_master).log] + [minion(mid).log for mid in sorted(missing)]
+        raise LabError(f"{exc}; still silent: {sorted(missing)}", logs) from None
+
+
+def check_returns(data, targets, what, on_master):
+    """Raise LabError unless every target returned; for states, unless every state succeeded."""
+    logs = [master(on_master).log]
+    for mid in targets:
+        ret = data.get(mid)
+        if ret is None or isinstance(ret, str) and "did not return" in ret:
+            raise LabError(f"{what}: {mid} did not return", logs + [minion(mid).log])
+        if not isinstance(ret, dict):
+            raise LabError(f"{what}: {mid} returned {ret!r}", logs + [minion(mid).log])
+        failed = [
+            f"{state.get('__id__', sid)}: {state.get('comment')}"
+            for sid, state in ret.items()
+            if isinstance(state, dict) and "result" in state and state["result"] is not True
+        ]
+        if failed:
+            raise LabError(f"{what} failed on {mid}:\n  " + "\n  ".join(failed), [minion(mid).log])
+
+
+def sync_all(on_master):
+    """``saltutil.sync_all`` on every minion: brings the formula's modules, states and utils."""
+    data, _ = salt(on_master, "*", "saltutil.sync_all", timeout=120)
+    check_returns(data, MINIONS, "saltutil.sync_all", on_master)
+    for mid in MINIONS:
+        if not any("multimaster" in name for name in data[mid].get("modules", [])):
+            raise LabError(f"saltutil.sync_all on {mid} did not sync the multimaster module")
+
+
+def apply_state(on_master, targets, sls):
+    """
+    ``state.apply sls`` on ``targets`` from ``on_master``; returns the ids whose run scheduled
+    a daemon restart (the formula restarts after the job has returned).
+    """
+    data, _ = salt(
+        on_master, ",".join(targets), "state.apply", sls, timeout=STATE_TIMEOUT, list_target=True
+    )
+    check_returns(data, targets, f"state.apply {sls}", on_master)
+    return {
+        mid
+        for mid in targets
+        for state in data[mid].values()
+        if isinstance(state, dict) and "restart" in (state.get("changes") or {})
+    }
+
+
+def active_master(on_master, mid):
+    """The master address ``mid`` says it is connected to (asked through ``on_master``)."""
+    data, _ = salt(on_master, mid, "multimaster.active_master", timeout=10)
+    ret = data.get(mid)
+    return ret.get("master") if isinstance(ret, dict) else None
+
+
+# --------------------------------------------------------------------------------------------
+# Lab steps
+
+
+def clean():
+    """Stop any previous lab's daemons and remove lab/run."""
+    stop_all()
+    if RUN.exists():
+        shutil.rmtree(RUN)
+
+
+def check_ports_free():
+    """Refuse to start when something already listens on the lab's addresses and ports."""
+    busy = [
+        f"{ip}:{port}" for ip in MASTERS.values() for port in PORTS.values() if port_open(ip, port)
+    ]
+    if busy:
+        raise LabError(f"already in use: {', '.join(busy)} (another lab? try: lab.py down)")
+
+
+def restart_master_via_state(name):
+    """Apply multimaster.master to master ``name``'s control minion; wait if it restarted."""
+    old_pid = read_pid(master(name))
+    restarted = apply_state("master1", [name], "multimaster.master")
+    conf = master(name).dir / "master.d" / "multimaster.conf"
+    if not conf.is_file():
+        raise LabError(f"multimaster.master did not write {conf}", [minion(name).log])
+    if old_pid and name in restarted:
+        wait_restarted(master(name), old_pid)
+        wait_master_listening(name)
+    return restarted
+
+
+def configure_minions():
+    """Apply multimaster.minion everywhere from master1, then wait for the minions to restart."""
+    old = {mid: read_pid(minion(mid)) for mid in MINIONS}
+    restarted = apply_state("master1", sorted(MINIONS), "multimaster.minion")
+    if restarted != set(MINIONS):
+        raise LabError(f"multimaster.minion restarted only {sorted(restarted)}")
+    for mid in MINIONS:
+        wait_restarted(minion(mid), old[mid])
+
+
+def expected_answers(on_master):
+    """Minions that must answer from ``on_master`` once configured (failover one: master1)."""
+    hot = {mid for mid, role in MINIONS.items() if "hot" in role}
+    return hot | {FAILOVER_MINION} if on_master == "master1" else hot
+
+
+def ping_matrix(report, title, via):
+    """
+    test.ping from every master, shown as a minion x master table, plus the master the failover
+    minion says it is connected to (asked through master ``via``). All queries run at once.
+    """
+    with concurrent.futures.ThreadPoolExecutor(len(MASTERS) + 1) as pool:
+        futures = {name: pool.submit(answering, name, sorted(MINIONS), 3) for name in MASTERS}
+        connected = pool.submit(active_master, via, FAILOVER_MINION)
+        answers = {name: future.result() for name, future in futures.items()}
+        address = connected.result()
+    header = f"  {'minion':<10}{'role':<16}" + "".join(f"{'from ' + n:<15}" for n in MASTERS)
+    table = [header.rstrip()]
+    for mid, role in MINIONS.items():
+        cells = ""
+        for name in MASTERS:
+            if not read_pid(master(name)):
+                cells += f"{'(stopped)':<15}"
+            else:
+                cells += f"{'yes' if mid in answers[name] else 'no':<15}"
+        table.append(f"  {mid:<10}{role:<16}{cells}".rstrip())
+    names = {ip: name for name, ip in MASTERS.items()}
+    table.append(
+        f"  {FAILOVER_MINION} (failover) is connected to {address} ({names.get(address, '?')}): "
+        "it answers only that master."
+    )
+    report.matrices.append((title, table))
+    print("\n".join([title] + table), flush=True)
+    return answers
+
+
+def build(report):
+    """Everything up to a running, configured two-master lab with the ping matrix shown."""
+    with report.step("clean previous lab"):
+        clean()
+        check_ports_free()
+    with report.step("write configs (2 masters, 4 minions) and pillar"):
+        write_configs()
+    with report.step("start master1"):
+        start_daemon(master("master1"))
+        wait_master_listening("master1")
+    with report.step("start 4 minions (they know only master1)"):
+        with concurrent.futures.ThreadPoolExecutor(len(MINIONS)) as pool:
+            for future in [pool.submit(start_daemon, minion(mid)) for mid in MINIONS]:
+                future.result()
+    with report.step("accept the minion keys on master1 (salt-key -a)"):
+        accept_minion_keys("master1")
+        wait_answering("master1", MINIONS)
+    with report.step("saltutil.sync_all (formula via master1's file_roots)"):
+        sync_all("master1")
+    with report.step("state.apply multimaster.master on master2 (stopped)"):
+        restart_master_via_state("master2")
+    with report.step("state.apply multimaster.master on master1 (restarts it)"):
+        if "master1" not in restart_master_via_state("master1"):
+            raise LabError("multimaster.master did not restart the running master1")
+        wait_answering("master1", MINIONS)
+    with report.step("copy master1's master keypair to master2"):
+        copy_master_key()
+    with report.step("copy accepted minion keys to master2"):
+        copy_minion_keys()
+    with report.step("start master2"):
+        start_daemon(master("master2"))
+        wait_master_listening("master2")
+    with report.step("state.apply multimaster.minion on all (they restart)"):
+        configure_minions()
+    with report.step("wait for the minions on both masters"):
+        for name in MASTERS:
+            wait_answering(name, expected_answers(name))
+    with report.step("test.ping matrix"):
+        ping_matrix(report, "test.ping answered (both masters up):", via="master1")
+
+
+def failover(report):
+    """Stop master1; measure how long the failover minion takes to answer from master2."""
+    with report.step(f"stop master1; wait for {FAILOVER_MINION} to answer from master2"):
+        began = time.monotonic()
+        stop_daemon(master("master1"))
+        stopped = time.monotonic() - began
+        wait_for(
+            f"{FAILOVER_MINION} to answer test.ping from master2 after master1 stopped",
+            lambda: FAILOVER_MINION in answering("master2", [FAILOVER_MINION], timeout=1),
+            FAILOVER_TIMEOUT,
+            interval=0.5,
+            logs=[minion(FAILOVER_MINION).log, master("master2").log],
+        )
+        seconds = time.monotonic() - began
+    report.notes.append(
+        f"Failover: {FAILOVER_MINION} answered test.ping from master2 {seconds:.1f}s after "
+        f"master1 was sent SIGTERM (master1 took {stopped:.1f}s to exit; "
+        f"master_alive_interval {ALIVE_INTERVAL}s)."
+    )
+    print(report.notes[-1], flush=True)
+    with report.step("test.ping matrix after master1 stopped"):
+        ping_matrix(report, "test.ping answered (master1 stopped):", via="master2")
+    return seconds
+
+
+def show_failure(exc):
+    """Print a failed step's message and the end of each log that explains it."""
+    sys.stdout.flush()
+    print(f"\nERROR: {exc}", file=sys.stderr)
+    for log in exc.logs:
+        print(f"\n--- last lines of {log} ---", file=sys.stderr)
+        try:
+            print("\n".join(log.read_text(errors="replace").splitlines()[-15:]), file=sys.stderr)
+        except OSError as err:
+            print(f"(cannot read: {err})", file=sys.stderr)
+
+
+def run_lab(keep_running, with_failover):
+    """Build the lab (and run the failover demo); stop everything unless ``keep_running``."""
+    report = Report()
+    ok, outcome = False, "FAILED"
+    try:
+        build(report)
+        if with_failover:
+            failover(report)
+        ok, outcome = True, "PASSED"
+    except LabError as exc:
+        show_failure(exc)
+        outcome = f"FAILED: {str(exc).splitlines()[0]}"
+        if exc.logs:
+            outcome += "\n  see: " + ", ".join(str(log) for log in exc.logs)
+    except KeyboardInterrupt:
+        outcome = "FAILED: interrupted"
+    except Exception as exc:  # a bug in the lab itself: still stop the daemons and say so
+        traceback.print_exc()
+        outcome = f"FAILED: unexpected {exc!r}"
+    finally:
+        if not (ok and keep_running):
+            with report.step("stop all lab daemons"):
+                stop_all()
+    print(report.render(outcome), flush=True)
+    if ok and keep_running:
+        print(
+            "The lab is running. Try:\n"
+            f"  {BIN / 'salt'} -c {master('master1').dir} '*' test.ping\n"
+            f"  {BIN / 'salt'} -c {master('master2').dir} '*' test.ping\n"
+            f"Logs: {RUN}/<host>/log/. Stop it with: {sys.executable} {__file__} down"
+        )
+    return 0 if ok else 1
+
+
+def down():
+    """Stop every lab daemon and remove lab/run."""
+    clean()
+    print(f"lab stopped; {RUN} removed")
+    return 0
+
+
+def main(argv=None):
+    """Command line entry point."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "command",
+        nargs="?",
+        default="demo",
+        choices=("demo", "up", "down"),
+        help="demo (default): run and stop; up: build and leave running; down: stop and clean",
+    )
+    args = parser.parse_args(argv)
+    if args.command == "down":
+        return down()
+    return run_lab(keep_running=args.command == "up", with_failover=args.command == "demo")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
