@@ -176,11 +176,16 @@ def key_file_problems(pki_dir, user):
         names = sorted(os.listdir(pki_dir))
     except FileNotFoundError:
         return []
+    seen = set()
     for name in names:
         if not name.endswith((".pem", ".pub")):
             continue
         path = os.path.join(pki_dir, name)
         real = os.path.realpath(path)
+        # master.pem/.pub are links to <id>.pem/.pub in 3008: check each file once.
+        if real in seen:
+            continue
+        seen.add(real)
         if not os.path.isfile(real):
             problems.append(f"{path}: not a regular file")
             continue
@@ -389,7 +394,9 @@ def apply_key_actions(actions, config_dir=None):
         changes.append((minion_id, _TARGET_STATE[op], pem))
         rotate = rotate or (op in ("reject", "delete") and bool(held) and held[0] == "accepted")
         done.append({"id": minion_id, "op": op})
+    start = time.monotonic()
     multimaster_keystore.write(mopts, changes)
+    log.info("multimaster: wrote %d key change(s) in %.2fs", len(changes), time.monotonic() - start)
     if rotate:
         multimaster_keystore.rotate_aes(mopts)
     return {"done": done, "skipped": skipped, "repaired": repaired, "rotated": rotate}

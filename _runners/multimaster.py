@@ -10,6 +10,7 @@ by master in the order of ``masters`` (the first is the primary). Every function
 """
 
 import logging
+import time
 
 import salt.cache
 import salt.client
@@ -79,6 +80,7 @@ def _call(section, masters, fun, kwarg, timeout):
     Run ``fun`` on the control minions of ``masters``; ``(answers, errors)`` keyed by master id.
     """
     by_minion = {m["minion_id"]: m["id"] for m in section["masters"] if m["id"] in masters}
+    start = time.monotonic()
     with salt.client.get_local_client(__opts__["conf_file"]) as client:
         returns = client.cmd(
             list(by_minion),
@@ -88,6 +90,7 @@ def _call(section, masters, fun, kwarg, timeout):
             timeout=timeout,
             full_return=True,
         )
+    log.info("multimaster: %s on %s: %.2fs", fun, sorted(masters), time.monotonic() - start)
     answers, errors = {}, {}
     for minion_id, master_id in by_minion.items():
         ret = returns.get(minion_id)

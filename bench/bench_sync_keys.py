@@ -76,7 +76,9 @@ def master_config(mid, ip):
         "ret_port": PORTS["ret"],
         "worker_threads": 3,
         "log_file": os.path.join(RUN, mid, "master.log"),
-        "file_roots": {"base": [ROOT]},
+        "log_level_logfile": "info",
+        # Only the formula: the checkout also holds .venv and bench/run (keys) - never serve those.
+        "file_roots": {"base": [os.path.join(RUN, "formula")]},
         "multimaster": section(),
     }
     return json.dumps(conf)
@@ -144,6 +146,8 @@ def key_pool(size):
 def setup(keys):
     stop_all()
     shutil.rmtree(RUN, ignore_errors=True)
+    for part in ("multimaster", "_modules", "_runners", "_states", "_utils"):
+        shutil.copytree(os.path.join(ROOT, part), os.path.join(RUN, "formula", part))
     for mid, ip in MASTERS:
         write(os.path.join(RUN, mid, "master"), master_config(mid, ip))
         write(os.path.join(RUN, f"{mid}-minion", "minion"), minion_config(mid))
@@ -184,6 +188,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--keys", type=int, default=10000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--keep", action="store_true", help="leave the daemons running")
     args = parser.parse_args()
     m1 = os.path.join(RUN, "master1")
     try:
@@ -208,7 +213,8 @@ def main():
             )
         changed, _ = timed(lambda: sync(m1))
     finally:
-        stop_all()
+        if not args.keep:
+            stop_all()
     rows = [
         ("floor: salt -L <2 peer control minions> test.ping", floor, None),
         (
