@@ -109,11 +109,6 @@ def _ids(section):
     return [m["id"] for m in section["masters"]]
 
 
-def _capped(ids):
-    ids = sorted(ids)
-    return ids if len(ids) <= SHOWN else ids[:SHOWN] + [f"... and {len(ids) - SHOWN} more"]
-
-
 # --- minion keys -----------------------------------------------------------------------------
 
 
@@ -205,14 +200,11 @@ def _apply(section, plan, repair, timeout):
             report[master] = {"result": False, "error": errors[master]}
             continue
         done = answers[master]
-        counts = {}
-        for item in done["done"]:
-            counts[item["op"]] = counts.get(item["op"], 0) + 1
         report[master] = {
-            "result": not done["skipped"],
-            "changes": counts,
-            "ids": _capped(item["id"] for item in done["done"]),
-            "skipped": done["skipped"][:SHOWN],
+            "result": not done["skipped_count"],
+            "changes": done["changes"],
+            "ids": done["ids"],
+            "skipped": done["skipped"],
             "repaired": done["repaired"],
             "aes_rotated": done["rotated"],
         }
