@@ -1,0 +1,324 @@
+"""
+Helpers for the integration tests: masters on 127.0.0.x sharing one port pair, explicit key
+acceptance with ``salt-key``, per-minion pillar, bounded waits, and clean-up of daemons that
+``multimaster.minion_restarted`` re-launched behind the factories' back.
+"""
+
+import contextlib
+import dataclasses
+import logging
+import os
+import pathlib
+import shutil
+import signal
+import time
+
+import psutil
+import yaml
+from pytestshellutils.exceptions import FactoryTimeout
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+MASTER_HOSTS = ("127.0.0.2", "127.0.0.3")
+START_TIMEOUT = 90
+# Keep the repo's own tooling out of the file server: only the formula is meant to be served.
+FILE_IGNORE_REGEX = [r"^\.venv(/|$)", r"^\.git(/|$)", r"(^|/)__pycache__(/|$)", r"^lab/run(/|$)"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Ports:
+    """
+    The publish/ret pair every master of one test module binds (each on its own address).
+    """
+
+    publish: int
+    ret: int
+
+
+def master_overrides(host, ports, pillar_dir, serve_repo=True, **extra):
+    """
+    Master options for a test master bound to ``host``: keys must be accepted explicitly, and
+    (with ``serve_repo``) the repository root is on ``file_roots`` as a user's checkout would be.
+    """
+    config = {
+        "interface": host,
+        "publish_port": ports.publish,
+        "ret_port": ports.ret,
+        "open_mode": False,
+        "auto_accept": False,
+        "worker_threads": 3,  # the minimum Salt accepts
+        "gather_job_timeout": 5,
+        "pillar_roots": {"base": [str(pillar_dir)]},
+        # The factories default to 0 (walk the roots on every request); the repo holds a venv.
+        "fileserver_list_cache_time": 30,
+        "file_ignore_regex": FILE_IGNORE_REGEX,
+    }
+    if serve_repo:
+        config["file_roots"] = {"base": [str(REPO_ROOT)]}
+    config.update(extra)
+    return config
+
+
+def minion_overrides(host, ports, **extra):
+    """
+    Minion options for a minion that knows only the master at ``host``.
+    """
+    config = {
+        "master": host,
+        "master_port": ports.ret,
+        "publish_port": ports.publish,
+        "retry_dns": 0,
+        "acceptance_wait_time": 1,
+        "acceptance_wait_time_max": 1,
+    }
+    config.update(extra)
+    return config
+
+
+class KeyAcceptor:
+    """
+    Auth-event callback for a master factory: a key submitted by a minion that a fixture is
+    starting gets accepted with ``salt-key -a ID -y``; any other pending key stays pending.
+    """
+
+    def __init__(self):
+        self.expected = set()
+        self.accepted = []
+
+    def expect(self, minion_id):
+        self.expected.add(minion_id)
+
+    def __call__(self, master, payload):
+        minion_id = payload.get("id")
+        if payload.get("act") != "pend" or minion_id not in self.expected:
+            return
+        if (master.id, minion_id) in self.accepted:
+            return  # a retry the minion sent before it learnt of the acceptance
+        ret = master.salt_key_cli().run("-a", minion_id, "-y")
+        assert ret.returncode == 0, ret
+        self.accepted.append((master.id, minion_id))
+        log.info("Accepted %s on %s with salt-key", minion_id, master.id)
+
+
+def copy_master_keypair(source, target):
+    """
+    Give ``target`` (not started yet) the master keypair of ``source``: the content behind
+    ``master.pem``/``master.pub`` (symlinks to ``<id>.pem/.pub`` in 3008) as regular files.
+    Salt migrates them to ``<target id>.pem/.pub`` on first start.
+    """
+    src_dir = pathlib.Path(source.config["pki_dir"])
+    dst_dir = pathlib.Path(target.config["pki_dir"])
+    dst_dir.mkdir(parents=True, exist_ok=True)
+    for name, mode in (("master.pem", 0o400), ("master.pub", 0o644)):
+        dst = dst_dir / name
+        dst.unlink(missing_ok=True)
+        shutil.copyfile((src_dir / name).resolve(), dst)
+        dst.chmod(mode)
+
+
+def share_minion_key(minion_id, source, targets):
+    """
+    Test setup only (key sync is the formula's next job): copy the accepted key of
+    ``minion_id`` from ``source`` to every master in ``targets``.
+    """
+    accepted = pathlib.Path(source.config["pki_dir"]) / "minions" / minion_id
+    for target in targets:
+        dst = pathlib.Path(target.config["pki_dir"]) / "minions" / minion_id
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(accepted, dst)
+
+
+def _uses_config_dir(cmdline, config_dir):
+    """
+    Does ``cmdline`` run with ``config_dir`` (``--config-dir=DIR`` or ``-c DIR``), or is it a
+    restart watcher whose JSON spec holds such a command line?
+    """
+    flag = f"--config-dir={config_dir}"
+    for prev, arg in zip(["", *cmdline], cmdline, strict=False):
+        if arg == flag or (prev in ("-c", "--config-dir") and arg == config_dir):
+            return True
+        if arg.startswith("{") and (f'"{flag}"' in arg or f'"{config_dir}"' in arg):
+            return True
+    return False
+
+
+def _processes_using(config_dir):
+    """
+    Our processes that run with ``config_dir``: a daemon, its forked job processes, and restart
+    watchers (whose spec names it).
+    """
+    config_dir = str(config_dir)
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.pid == os.getpid():
+            continue
+        if _uses_config_dir(proc.info["cmdline"] or [], config_dir):
+            found.append(proc)
+    return found
+
+
+def kill_daemons_of(config_dir, timeout=15):
+    """
+    Stop every process using ``config_dir``: restart watchers first (so they cannot re-launch a
+    daemon we just stopped), then daemons and their children. SIGTERM, then SIGKILL.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        procs = _processes_using(config_dir)
+        if not procs:
+            return
+        watchers = [p for p in procs if any(a.startswith("{") for a in p.info["cmdline"])]
+        for proc in watchers or procs:
+            with contextlib.suppress(psutil.Error):
+                for child in proc.children(recursive=True):
+                    child.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)
+        _, alive = psutil.wait_procs(watchers or procs, timeout=5)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+    leftover = _processes_using(config_dir)
+    assert not leftover, f"processes still using {config_dir}: {leftover}"
+
+
+def read_pid(pidfile):
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(pathlib.Path(pidfile).read_text().strip())
+        if psutil.pid_exists(pid):
+            return pid
+    return None
+
+
+def wait_for(predicate, timeout, interval=1.0, what="condition"):
+    """
+    Call ``predicate`` until it returns something truthy; return it. Fail after ``timeout`` s.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def ping(salt_cli, minion_id, timeout=3):
+    """
+    True when ``minion_id`` answers ``test.ping`` through the master of ``salt_cli``.
+    """
+    try:
+        ret = salt_cli.run(f"--timeout={timeout}", "test.ping", minion_tgt=minion_id)
+    except FactoryTimeout:
+        return False
+    return ret.returncode == 0 and ret.data is True
+
+
+def wait_for_ping(salt_cli, minion_id, timeout):
+    wait_for(
+        lambda: ping(salt_cli, minion_id),
+        timeout,
+        what=f"{minion_id} to answer test.ping through {salt_cli.config['id']}",
+    )
+
+
+class PillarTree:
+    """
+    A ``pillar_roots`` directory with one SLS per minion and a generated ``top.sls``.
+    """
+
+    def __init__(self, root):
+        self.root = pathlib.Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.data = {}
+        self._write_top()
+
+    def _sls(self, minion_id):
+        return "minion_" + minion_id.replace(".", "_").replace("-", "_")
+
+    def _write_top(self):
+        top = {"base": {mid: [self._sls(mid)] for mid in sorted(self.data)}}
+        (self.root / "top.sls").write_text(yaml.safe_dump(top))
+
+    def set(self, minion_id, data):
+        self.data[minion_id] = data
+        (self.root / f"{self._sls(minion_id)}.sls").write_text(yaml.safe_dump(data))
+        self._write_top()
+
+    @contextlib.contextmanager
+    def changed(self, minion_id, data):
+        """
+        Use ``data`` as the pillar of ``minion_id`` for the duration of the block.
+        """
+        before = self.data.get(minion_id)
+        self.set(minion_id, data)
+        try:
+            yield
+        finally:
+            self.set(minion_id, before)
+
+
+def master_entry(master, host, **extra):
+    """
+    One ``multimaster:masters`` item for a factory master bound to ``host``.
+    """
+    entry = {"id": master.id, "host": host, "interface": host, "config_dir": master.config_dir}
+    entry.update(extra)
+    return entry
+
+
+def multimaster_pillar(masters, ports, **options):
+    """
+    The ``multimaster`` pillar for the lab: configure only, services managed.
+    """
+    section = {
+        "mode": "hot",
+        "install_packages": False,
+        "manage_services": True,
+        "ports": {"publish": ports.publish, "ret": ports.ret},
+        "masters": list(masters),
+    }
+    section.update(options)
+    return {"multimaster": section}
+
+
+def state_returns(ret):
+    """
+    The per-state dicts of a ``state.apply`` CLI return; fails with the output if it is not one.
+    """
+    assert isinstance(ret.data, dict), f"not a state return: {ret}"
+    return ret.data
+
+
+def assert_states_ok(ret):
+    states = state_returns(ret)
+    failed = {sid: st["comment"] for sid, st in states.items() if st["result"] is not True}
+    assert not failed, f"states failed: {failed}"
+    assert ret.returncode == 0, ret
+    return states
+
+
+def state_by_id(states, state_id):
+    """
+    The return of the one state whose id is ``state_id``.
+    """
+    matches = [st for st in states.values() if st["__id__"] == state_id]
+    assert len(matches) == 1, f"{state_id} not in {sorted(states)}"
+    return matches[0]
+
+
+def changed_states(states):
+    return {sid: st["changes"] for sid, st in states.items() if st["changes"]}
+
+
+def tree_snapshot(root):
+    """
+    ``{relative path: (mode, bytes)}`` of every file under ``root`` (to show nothing changed).
+    """
+    root = pathlib.Path(root)
+    snapshot = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            snapshot[str(path.relative_to(root))] = (path.stat().st_mode, path.read_bytes())
+    return snapshot
