@@ -26,9 +26,10 @@ The lab:
 
 Both masters use publish port 24505 and ret port 24506. Every minion starts knowing only
 master1; the formula (delivered through master1's file_roots = this checkout, synced with
-saltutil.sync_all) configures master2 and then every minion. Until the key-plane runners
-exist, the lab itself gives master2 master1's master keypair (before master2 first starts) and
-master1's accepted minion keys (copy_master_key / copy_minion_keys).
+saltutil.sync_all) configures master2; master2 starts with a key of its own;
+``salt-run multimaster.sync_master_key`` gives it master1's (sealed, restart, verified) and
+``salt-run multimaster.sync_keys`` the accepted minion keys; ``multimaster.status`` is shown
+before and after; then the formula re-points every minion at both masters.
 
 Run it with the virtualenv's Python (``make demo`` / ``make down``): the Salt CLIs are taken from
 the directory of that interpreter.
@@ -502,8 +503,7 @@ def write_configs():
 
 
 # --------------------------------------------------------------------------------------------
-# Keys. copy_master_key and copy_minion_keys stand in for the key-plane runners and will be
-# replaced by ``salt-run multimaster.sync_master_key`` and ``salt-run multimaster.sync_keys``.
+# Keys and the key-plane runners (run on master1, the primary).
 
 
 def key_lists(on_master):
@@ -531,39 +531,56 @@ def accept_minion_keys(on_master):
         raise LabError(f"keys not accepted on {on_master}: {sorted(wanted - accepted)}")
 
 
-def copy_master_key(source="master1", target="master2"):
+def salt_run(fun, *args, timeout=300, check=True):
     """
-    Give ``target`` the master keypair of ``source`` before ``target`` first starts (hot
-    minions cache one master public key). Stand-in for ``salt-run multimaster.sync_master_key``.
+    ``salt-run`` on master1 (the primary). Returns the runner's return (the last JSON document
+    printed; progress events come before it).
     """
-    if read_pid(master(target)):
-        raise LabError(f"{target} is running: its master key may only change while it is stopped")
-    src, dst = master(source).pki_dir, master(target).pki_dir
-    dst.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for name in ("master.pem", "master.pub"):
-        content = (src / name).resolve().read_bytes()  # master.pem is a symlink to <id>.pem
-        path = dst / name
-        path.unlink(missing_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(content)
+    cmd = [cli("salt-run"), "-c", str(master("master1").dir), "--out", "json", fun, *args]
+    proc = run(cmd, timeout=timeout, check=False)
+    decoder, text, docs, at = json.JSONDecoder(), proc.stdout, [], 0
+    while True:
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if at >= len(text):
+            break
+        try:
+            doc, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            break
+        docs.append(doc)
+    result = docs[-1] if docs and isinstance(docs[-1], dict) else {}
+    if check and proc.returncode != 0:
+        raise LabError(f"salt-run {fun} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    return result
 
 
-def copy_minion_keys(source="master1", target="master2"):
-    """
-    Copy the accepted minion keys of ``source`` to ``target``. Stand-in for
-    ``salt-run multimaster.sync_keys``.
-    """
-    src, dst = master(source).pki_dir / "minions", master(target).pki_dir / "minions"
-    dst.mkdir(parents=True, exist_ok=True, mode=0o700)
-    copied = []
-    for path in sorted(src.iterdir()):
-        if path.is_file() and not path.is_symlink() and path.name in MINIONS:
-            shutil.copyfile(path, dst / path.name)
-            (dst / path.name).chmod(0o644)
-            copied.append(path.name)
-    if set(copied) != set(MINIONS):
-        raise LabError(f"accepted keys on {source}: {copied}; expected {sorted(MINIONS)}")
+def status_lines(title, status):
+    """A few readable lines of ``multimaster.status``."""
+    lines = [title]
+    for name, info in status.get("masters", {}).items():
+        if not info.get("reachable"):
+            lines.append(f"  {name:<8} unreachable: {info.get('error')}")
+            continue
+        lines.append(
+            f"  {name:<8} master key {str(info.get('master_key'))[:23]}...  "
+            f"{info.get('keys')} minion keys, digest {info.get('keys_digest')}"
+        )
+    lines.append(
+        f"  same master key: {status.get('same_master_key')}   "
+        f"minion keys equal: {status.get('keys_equal')}   retcode: {status.get('retcode')}"
+    )
+    for minion_id, seen in status.get("minions", {}).items():
+        answered = ", ".join(m for m, ok in seen.items() if ok) or "none"
+        lines.append(f"  {minion_id:<8} answers: {answered}")
+    return lines
+
+
+def show_status(report, title):
+    """Run ``salt-run multimaster.status`` and add it to the report."""
+    lines = status_lines(title, salt_run("multimaster.status", check=False))
+    report.notes.extend(lines + [""])
+    print("\n".join(lines), flush=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -750,13 +767,18 @@ def build(report):
         if "master1" not in restart_master_via_state("master1"):
             raise LabError("multimaster.master did not restart the running master1")
         wait_answering("master1", MINIONS)
-    with report.step("copy master1's master keypair to master2"):
-        copy_master_key()
-    with report.step("copy accepted minion keys to master2"):
-        copy_minion_keys()
-    with report.step("start master2"):
+    with report.step("start master2 (it makes its own master key)"):
         start_daemon(master("master2"))
         wait_master_listening("master2")
+    with report.step("salt-run saltutil.sync_all; multimaster.status (before)"):
+        salt_run("saltutil.sync_all")
+        show_status(report, "salt-run multimaster.status, before:")
+    with report.step("salt-run multimaster.sync_master_key (sealed, restart)"):
+        synced = salt_run("multimaster.sync_master_key")
+        if not synced.get("masters", {}).get("master2", {}).get("served"):
+            raise LabError(f"sync_master_key did not make master2 serve the shared key: {synced}")
+    with report.step("salt-run multimaster.sync_keys"):
+        salt_run("multimaster.sync_keys")
     with report.step("state.apply multimaster.minion on all (they restart)"):
         configure_minions()
     with report.step("wait for the minions on both masters"):
@@ -764,6 +786,8 @@ def build(report):
             wait_answering(name, expected_answers(name))
     with report.step("test.ping matrix"):
         ping_matrix(report, "test.ping answered (both masters up):", via="master1")
+    with report.step("salt-run multimaster.status (after)"):
+        show_status(report, "salt-run multimaster.status, after:")
 
 
 def failover(report):
