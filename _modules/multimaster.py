@@ -6,6 +6,8 @@ The SLS files of the ``multimaster`` formula call these functions so that Jinja 
 ``master.d``/``minion.d`` files, ``restart_minion`` restarts the minion after the current job.
 """
 
+import contextlib
+import hashlib
 import logging
 import os
 import socket
@@ -13,6 +15,8 @@ import sys
 import time
 
 import salt.config
+import salt.payload
+import salt.utils.atomicfile
 import salt.utils.files
 from salt.exceptions import CommandExecutionError
 
@@ -310,9 +314,18 @@ def key_inventory(config_dir=None, buckets=None, ids=None, with_pubs=False):
     """
     _, mopts = _master_opts(config_dir)
     alive = _master_alive(mopts)
-    wanted = set(ids) if ids is not None else None
-    entries, pubs = multimaster_keystore.inventory(mopts, with_pubs=with_pubs, ids=wanted)
-    if buckets is None and ids is None:
+    wanted = None
+    if ids is not None:
+        wanted = set(ids)
+    elif buckets is not None:
+        chosen = {int(b) for b in buckets}
+        wanted = lambda minion_id: multimaster_keys.bucket_of(minion_id) in chosen  # noqa: E731
+    full_scan = wanted is None
+    with _fingerprint_cache(mopts, full_scan) as fp_cache:
+        entries, pubs = multimaster_keystore.inventory(
+            mopts, with_pubs=with_pubs, ids=wanted, fp_cache=fp_cache
+        )
+    if full_scan:
         total, per_bucket = multimaster_keys.digests(entries)
         return {
             "alive": alive,
@@ -321,13 +334,28 @@ def key_inventory(config_dir=None, buckets=None, ids=None, with_pubs=False):
             "count": len(entries),
             "repair": multimaster_keystore.repair_needed(mopts),
         }
-    if buckets is not None:
-        wanted_buckets = {int(b) for b in buckets}
-        entries = {
-            i: e for i, e in entries.items() if multimaster_keys.bucket_of(i) in wanted_buckets
-        }
-        pubs = {i: p for i, p in pubs.items() if i in entries}
     return {"alive": alive, "entries": entries, "pubs": pubs}
+
+
+@contextlib.contextmanager
+def _fingerprint_cache(mopts, full_scan):
+    """
+    Fingerprints of this master's key files from the last full scan, kept in this minion's
+    cachedir (public data only): a re-run reads only the files that changed.
+    """
+    name = hashlib.sha256(mopts["pki_dir"].encode()).hexdigest()[:16]
+    path = os.path.join(__opts__["cachedir"], "multimaster", f"fingerprints-{name}.p")
+    try:
+        with salt.utils.files.fopen(path, "rb") as handle:
+            known = salt.payload.load(handle)
+    except (OSError, ValueError, TypeError):
+        known = {}
+    cache = multimaster_keystore.FingerprintCache(known if isinstance(known, dict) else {})
+    yield cache
+    if full_scan and cache.changed:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with salt.utils.atomicfile.atomic_open(path, "wb") as handle:
+            salt.payload.dump(cache.seen, handle)
 
 
 def _master_alive(mopts):
@@ -538,6 +566,31 @@ def verify_master_key(host, port, pub, sign_pub=None, timeout=30):
     """
     ok, reason = _verify_served(host, int(port), pub, sign_pub, timeout=float(timeout))
     return {"served": ok, "reason": reason, "fp": multimaster_keys.fingerprint(pub)}
+
+
+def master_report(config_dir=None, signing=False, ping_timeout=5):
+    """
+    What ``salt-run multimaster.status`` needs from this host in one call: the key inventory
+    digests, the master key (or signing key) fingerprints, and the minions that answer
+    ``test.ping`` from this master.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master2 multimaster.master_report /etc/salt
+    """
+    report = {
+        "keys": key_inventory(config_dir),
+        "master_key": master_key_info(config_dir, signing=signing),
+        "answering": [],
+    }
+    report["master_key"].pop("pub")
+    # A stopped master is reported as such (the runner treats alive False as unreachable).
+    report["alive"] = report["keys"]["alive"]
+    if report["alive"]:
+        report["answering"] = ping_minions(config_dir, timeout=ping_timeout)
+    return report
 
 
 def ping_minions(config_dir=None, timeout=5):

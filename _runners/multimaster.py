@@ -555,7 +555,7 @@ def _verify_all(section, ret, shared_pub, signing, info, timeout):
 # --- status ----------------------------------------------------------------------------------
 
 
-def status(masters=None, timeout=30):
+def status(masters=None, timeout=30, ping_timeout=5):
     """
     One report: which masters answer, whether they store and serve the same master key, whether
     their minion-key sets are equal (digests, and the differing ids), and which masters each
@@ -572,19 +572,17 @@ def status(masters=None, timeout=30):
     config_dir = _config_dirs(section)
     signing = _signing(section)
     ret = {"masters": {}}
-    digests, errors = _call(
-        section, order, "multimaster.key_inventory", {"config_dir": config_dir}, timeout
-    )
-    keyinfo, _ = _call(
+    # One round trip: each control minion reports digests, its master's key and who answers.
+    reports, errors = _call(
         section,
         order,
-        "multimaster.master_key_info",
-        {"config_dir": config_dir, "signing": signing},
-        timeout,
+        "multimaster.master_report",
+        {"config_dir": config_dir, "signing": signing, "ping_timeout": ping_timeout},
+        timeout + ping_timeout,
     )
-    pings, _ = _call(
-        section, order, "multimaster.ping_minions", {"config_dir": config_dir}, timeout + 10
-    )
+    digests = {m: r["keys"] for m, r in reports.items()}
+    keyinfo = {m: r["master_key"] for m, r in reports.items()}
+    pings = {m: r["answering"] for m, r in reports.items()}
     for master in order:
         if master in errors:
             ret["masters"][master] = {"reachable": False, "error": errors[master]}

@@ -169,12 +169,45 @@ def stop_now(pidfile, service, timeout=30):
     else:
         proc = psutil.Process(pid)
         proc.terminate()
-        try:
-            proc.wait(timeout)
-        except psutil.TimeoutExpired:
+        if not _wait_gone(proc, timeout):
             proc.kill()
-            proc.wait(10)
+            _wait_gone(proc, 10)
+        _clear_stale_pidfiles(pidfile, pid)
     return {"was_running": True, "service": unit, "cmdline": cmdline, "cwd": cwd}
+
+
+def _wait_gone(proc, timeout):
+    """
+    True once ``proc`` has exited. A zombie has exited: its parent (a test runner, a container's
+    pid 1) may never reap it, and ``psutil.Process.wait`` would wait for that.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _clear_stale_pidfiles(pidfile, pid):
+    """
+    Remove the pidfile and ``process_responsibility_`` file naming the stopped ``pid``: Salt
+    counts an unreaped zombie as a running instance and would refuse to start.
+    """
+    pid_dir, pid_name = os.path.split(pidfile)
+    for path in (pidfile, os.path.join(pid_dir, "process_responsibility_" + pid_name)):
+        try:
+            with salt.utils.files.fopen(path) as handle:
+                owner = json.loads(handle.read() or "null")
+            if (owner.get("pid") if isinstance(owner, dict) else owner) == pid:
+                os.remove(path)
+        except (OSError, ValueError):
+            pass
 
 
 def start_now(stopped, default_cmdline):

@@ -58,38 +58,85 @@ def master_key_name(mopts):
     return mopts["id"].removesuffix("_master")
 
 
-def inventory(mopts, with_pubs=False, ids=None):
+def inventory(mopts, with_pubs=False, ids=None, fp_cache=None):
     """
     ``{id: entry}`` (entry as in ``multimaster_keys.plan``) and, with ``with_pubs``, the PEMs as
-    ``{id: {"key": pem, "denied": pem}}``. ``ids`` limits the result to those ids.
+    ``{id: {"key": pem, "denied": pem}}``. ``ids`` (a set, or a predicate on the id) limits the
+    result to those ids.
+
+    ``fp_cache`` (localfs_key only): a ``FingerprintCache`` the caller keeps between runs.
     """
     if _localfs(mopts):
-        keys, denied = _scan_localfs(_pki(mopts), ids)
+        keys, denied = _scan_localfs(_pki(mopts), ids, with_pubs, fp_cache)
     else:
-        cache = _cache(mopts)
-        keys = cache.list_all("keys", include_data=True)
-        denied = {}
-        for minion_id in cache.list("denied_keys"):
-            if ids is None or minion_id in ids:
-                pems = cache.fetch("denied_keys", minion_id) or []
-                if pems:
-                    denied[minion_id] = pems[0]
+        keys, denied = _scan_cache(mopts, ids)
     entries, pubs = {}, {}
-    for minion_id, data in keys.items():
-        if ids is not None and minion_id not in ids:
-            continue
-        entries[minion_id] = [data["state"], multimaster_keys.fingerprint(data["pub"])]
+    for minion_id, (state, fp, pem) in keys.items():
+        entries[minion_id] = [state, fp]
         if with_pubs:
-            pubs[minion_id] = {"key": data["pub"]}
-    for minion_id, pem in denied.items():
-        entry = entries.setdefault(minion_id, ["denied", None])
-        entry.append(multimaster_keys.fingerprint(pem))
+            pubs[minion_id] = {"key": pem}
+    for minion_id, (_, fp, pem) in denied.items():
+        entries.setdefault(minion_id, ["denied", None]).append(fp)
         if with_pubs:
             pubs.setdefault(minion_id, {})["denied"] = pem
     return entries, pubs
 
 
-def _read_dir(path, ids):
+def _wanted(ids):
+    if ids is None:
+        return lambda _: True
+    return ids if callable(ids) else ids.__contains__
+
+
+def _scan_cache(mopts, ids):
+    wanted = _wanted(ids)
+    cache = _cache(mopts)
+    keys, denied = {}, {}
+    for minion_id, data in cache.list_all("keys", include_data=True).items():
+        if wanted(minion_id):
+            pem = data["pub"]
+            keys[minion_id] = (data["state"], multimaster_keys.fingerprint(pem), pem)
+    for minion_id in cache.list("denied_keys"):
+        if wanted(minion_id):
+            pems = cache.fetch("denied_keys", minion_id) or []
+            if pems:
+                denied[minion_id] = ("denied", multimaster_keys.fingerprint(pems[0]), pems[0])
+    return keys, denied
+
+
+class FingerprintCache:
+    """
+    Fingerprints of key files by ``[inode, mtime_ns, size]``, carried between runs by the
+    caller: a file whose stamp is unchanged is not read again (public data only).
+    """
+
+    def __init__(self, known=None):
+        self.known = known or {}
+        self.seen = {}
+        self.reads = 0
+
+    def fingerprint(self, path, stamp):
+        cached = self.known.get(path)
+        if cached and list(cached[:3]) == stamp:
+            fp = cached[3]
+        else:
+            fp = multimaster_keys.fingerprint(_read(path))
+            self.reads += 1
+        self.seen[path] = stamp + [fp]
+        return fp
+
+    @property
+    def changed(self):
+        return self.reads > 0 or len(self.seen) != len(self.known)
+
+
+def _read(path):
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return handle.read()
+
+
+def _read_dir(path, state, ids, with_pubs, fp_cache):
+    wanted = _wanted(ids)
     found = {}
     try:
         entries = os.scandir(path)
@@ -97,17 +144,22 @@ def _read_dir(path, ids):
         return found
     with entries:
         for entry in entries:
-            # What Salt's localfs_key reads: regular files, no dotfiles; ids it would accept.
+            # What Salt's localfs_key reads: regular files, no dotfiles.
             if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
                 continue
-            if ids is not None and entry.name not in ids:
+            if not wanted(entry.name):
                 continue
-            with open(entry.path, encoding="utf-8", errors="replace") as handle:
-                found[entry.name] = handle.read()
+            if with_pubs or fp_cache is None:
+                pem = _read(entry.path)
+                found[entry.name] = (state, multimaster_keys.fingerprint(pem), pem)
+                continue
+            st = entry.stat(follow_symlinks=False)
+            stamp = [st.st_ino, st.st_mtime_ns, st.st_size]
+            found[entry.name] = (state, fp_cache.fingerprint(entry.path, stamp), None)
     return found
 
 
-def _scan_localfs(pki, ids):
+def _scan_localfs(pki, ids, with_pubs, fp_cache):
     """
     ``localfs_key.list_all`` equivalent with plain reads: at 10,000 keys its per-file path
     checks cost seconds. Salt's reading priority applies when an id sits in two state dirs.
@@ -115,9 +167,9 @@ def _scan_localfs(pki, ids):
     keys = {}
     for name in reversed(PRIORITY):
         state = next(s for s, d in STATE_DIRS.items() if d == name)
-        for minion_id, pem in _read_dir(os.path.join(pki, name), ids).items():
-            keys[minion_id] = {"state": state, "pub": pem}
-    return keys, _read_dir(os.path.join(pki, DENIED_DIR), ids)
+        keys.update(_read_dir(os.path.join(pki, name), state, ids, with_pubs, fp_cache))
+    denied = _read_dir(os.path.join(pki, DENIED_DIR), "denied", ids, with_pubs, fp_cache)
+    return keys, denied
 
 
 def repair_needed(mopts):

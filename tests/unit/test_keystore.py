@@ -78,3 +78,19 @@ def test_bad_ids_are_refused_before_anything_is_written(mopts, bad):
     with pytest.raises(SaltInvocationError, match="not a valid id"):
         ks.write(mopts, [("good", "accepted", PEM), (bad, "accepted", PEM)])
     assert where(mopts, "good") == []
+
+
+def test_fingerprint_cache_rereads_only_replaced_files(mopts):
+    other = pub_pem(rsa_private(tag=3))
+    ks.write(mopts, [("web1", "accepted", PEM), ("web2", "accepted", PEM)])
+    first = ks.FingerprintCache()
+    entries, _ = ks.inventory(mopts, fp_cache=first)
+    assert first.reads == 2 and first.changed
+    again = ks.FingerprintCache(first.seen)
+    assert ks.inventory(mopts, fp_cache=again)[0] == entries
+    assert again.reads == 0 and not again.changed
+    ks.write(mopts, [("web2", "accepted", other)])  # a rename: new inode
+    third = ks.FingerprintCache(again.seen)
+    entries, _ = ks.inventory(mopts, fp_cache=third)
+    assert third.reads == 1
+    assert entries["web2"][1] == ks.multimaster_keys.fingerprint(other)
