@@ -71,6 +71,12 @@ def _finish(ret, failed):
     return ret
 
 
+def _refused(exc):
+    # Salt's runner client turns a SaltInvocationError (a TypeError) into a "Passed invalid
+    # arguments" string and salt-run exits 0: refuse bad input with a report and retcode 1.
+    return _finish({"comment": f"Refused, nothing changed: {exc}"}, True)
+
+
 def _config_dirs(section):
     return {m["minion_id"]: m.get("config_dir") for m in section["masters"]}
 
@@ -253,10 +259,13 @@ def sync_keys(minion=None, prune=False, test=False, masters=None, timeout=60):
         salt-run multimaster.sync_keys minion=web1 test=True
         salt-run multimaster.sync_keys prune=True
     """
-    section = _section(masters)
-    ids = None
-    if minion is not None:
-        ids = [multimaster_ids.check_id(minion, "minion")]
+    try:
+        section = _section(masters)
+        ids = None
+        if minion is not None:
+            ids = [multimaster_ids.check_id(minion, "minion")]
+    except SaltInvocationError as exc:
+        return _refused(exc)
     order = _ids(section)
     ret, failed = _reconcile(
         section,
@@ -316,8 +325,11 @@ def _action(result, master, minion_id, op, fp, entry):
 
 
 def _one_id(op, minion_id, fingerprint, test, masters, timeout):
-    section = _section(masters)
-    multimaster_ids.check_id(minion_id, "minion id")
+    try:
+        section = _section(masters)
+        multimaster_ids.check_id(minion_id, "minion id")
+    except SaltInvocationError as exc:
+        return _refused(exc)
     refused = {}
 
     def plan_fn(inventories):
@@ -415,7 +427,10 @@ def sync_master_key(test=False, masters=None, timeout=180):
         salt-run multimaster.sync_master_key
         salt-run multimaster.sync_master_key test=True
     """
-    section = _section(masters)
+    try:
+        section = _section(masters)
+    except SaltInvocationError as exc:
+        return _refused(exc)
     signing = _signing(section)
     order = _ids(section)
     primary = order[0]
@@ -555,11 +570,12 @@ def _verify_all(section, ret, shared_pub, signing, info, timeout):
 # --- status ----------------------------------------------------------------------------------
 
 
-def status(masters=None, timeout=30, ping_timeout=5):
+def status(masters=None, timeout=30, ping_timeout=5, test=False):
     """
     One report: which masters answer, whether they store and serve the same master key, whether
     their minion-key sets are equal (digests, and the differing ids), and which masters each
-    minion answers.
+    minion answers. Read-only: ``test=True`` (accepted like every runner here) changes nothing
+    either.
 
     CLI Example:
 
@@ -567,7 +583,10 @@ def status(masters=None, timeout=30, ping_timeout=5):
 
         salt-run multimaster.status
     """
-    section = _section(masters)
+    try:
+        section = _section(masters)
+    except SaltInvocationError as exc:
+        return _refused(exc)
     order = _ids(section)
     config_dir = _config_dirs(section)
     signing = _signing(section)

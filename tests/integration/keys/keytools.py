@@ -1,0 +1,425 @@
+"""
+Helpers for the key-plane tests: keys generated at test time (never stored in the repo), key
+store snapshots, the salt CLIs run as a user would, and a scanner for leaked key material.
+"""
+
+import base64
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import pathlib
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+BIN = pathlib.Path(sys.executable).parent
+KEY_DIRS = ("minions", "minions_pre", "minions_rejected", "minions_denied")
+TMP_DIR = ".multimaster-tmp"
+
+
+# --- keys ------------------------------------------------------------------------------------
+
+
+def _public_pem(key):
+    return (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+
+
+def new_public_pem(bits=2048):
+    """
+    A fresh RSA SubjectPublicKeyInfo PEM (the private half is thrown away).
+    """
+    return _public_pem(rsa.generate_private_key(public_exponent=65537, key_size=bits))
+
+
+@functools.cache
+def pem_pool(size=24):
+    """
+    Distinct 2048-bit public keys, generated once per test run and shared by bulk key sets.
+    """
+    return tuple(new_public_pem() for _ in range(size))
+
+
+def fingerprint(pem):
+    """
+    SHA-256 of the DER SubjectPublicKeyInfo, colon hex (computed here, not by the product).
+    """
+    der = serialization.load_pem_public_key(pem.encode()).public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    digest = hashlib.sha256(der).hexdigest()
+    return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
+
+
+def bad_pems():
+    """
+    Public keys Salt's own loader accepts but a key store must not: ``{name: text}``.
+    """
+    good = new_public_pem()
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pkcs1 = (
+        rsa_key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.PKCS1)
+        .decode()
+    )
+    private = rsa_key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    return {
+        "trailing-junk": good + "junk after the key\n",
+        "two-pems": good + new_public_pem(),
+        "rsa-1024": new_public_pem(bits=1024),
+        "ec-p256": _public_pem(ec.generate_private_key(ec.SECP256R1())),
+        "pkcs1": pkcs1,
+        "private-key": private,
+    }
+
+
+def pem_body(pem):
+    """
+    The base64 body of a PEM (no armour lines, no line breaks).
+    """
+    return "".join(line for line in pem.splitlines() if line and not line.startswith("-----"))
+
+
+# --- key stores ------------------------------------------------------------------------------
+
+
+def pki_dir(master):
+    return pathlib.Path(master.config["pki_dir"])
+
+
+def write_key(master, state_dir, minion_id, pem):
+    """
+    Plant a key file directly in a master's key store (as an older tool or a hand copy would).
+    """
+    path = pki_dir(master) / state_dir / minion_id
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(pem)
+    return path
+
+
+def store_snapshot(master):
+    """
+    ``{relative path: sha256 or link target}`` of everything under the master's pki dir.
+    """
+    root = pki_dir(master)
+    snap = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            snap[rel] = "-> " + str(path.readlink())
+        elif path.is_file():
+            snap[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return snap
+
+
+def key_ids(master):
+    """
+    ``{state dir: sorted ids}`` read from the files (what ``salt-key`` would list).
+    """
+    root = pki_dir(master)
+    return {
+        name: sorted(p.name for p in (root / name).iterdir()) if (root / name).is_dir() else []
+        for name in KEY_DIRS
+    }
+
+
+def stray_files(master):
+    """
+    Temp files an interrupted write could leave: anything in the tool's temp dir, ``tmp*`` in
+    the state dirs.
+    """
+    root = pki_dir(master)
+    stray = [str(p) for p in (root / TMP_DIR).glob("*")] if (root / TMP_DIR).is_dir() else []
+    for name in KEY_DIRS:
+        if (root / name).is_dir():
+            stray += [str(p) for p in (root / name).glob("tmp*")]
+    return stray
+
+
+def master_public_pem(master):
+    return (pki_dir(master) / "master.pub").resolve().read_text()
+
+
+def master_private_pem(master):
+    return (pki_dir(master) / "master.pem").resolve().read_text()
+
+
+# --- CLIs ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Result:
+    returncode: int
+    data: object
+    stdout: str
+    stderr: str
+
+    def __str__(self):
+        return (
+            f"rc={self.returncode}\nstdout:\n{self.stdout[-6000:]}\nstderr:\n{self.stderr[-3000:]}"
+        )
+
+
+def json_docs(text):
+    """
+    Every JSON document in ``text`` (salt-run prints progress events before the return).
+    """
+    decoder = json.JSONDecoder()
+    docs, pos = [], 0
+    while True:
+        match = re.compile(r"\S").search(text, pos)
+        if match is None:
+            return docs
+        try:
+            doc, pos = decoder.raw_decode(text, match.start())
+        except ValueError:
+            # Not JSON (a warning line): skip the line.
+            nl = text.find("\n", match.start())
+            if nl < 0:
+                return docs
+            pos = nl + 1
+            continue
+        docs.append(doc)
+
+
+def cli_cmd(name, config_dir, *args):
+    return [str(BIN / name), "-c", str(config_dir), *map(str, args)]
+
+
+def run_cli(name, config_dir, *args, timeout=300):
+    """
+    Run ``salt``/``salt-run``/``salt-key`` against a master's config dir, ``--out=json``; the
+    data is the last JSON document printed (the return, after any progress events).
+    """
+    proc = subprocess.run(
+        [*cli_cmd(name, config_dir, *args), "--out=json"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    docs = json_docs(proc.stdout)
+    return Result(proc.returncode, docs[-1] if docs else None, proc.stdout, proc.stderr)
+
+
+def salt_run(master, fun, *args, timeout=300):
+    return run_cli("salt-run", master.config_dir, fun, *args, timeout=timeout)
+
+
+def salt_key_list(master):
+    """
+    ``salt-key -L --out=json`` of ``master`` as a dict.
+    """
+    ret = run_cli("salt-key", master.config_dir, "-L", timeout=60)
+    assert ret.returncode == 0 and isinstance(ret.data, dict), ret
+    return {state: sorted(ids) for state, ids in ret.data.items()}
+
+
+def salt_cmd(master, tgt, fun, *args, timeout=10, list_tgt=False):
+    """
+    ``salt <tgt> <fun> ...`` through ``master``; the returns as a dict (minion: return). A
+    CLI that printed no returns at all (bad usage, master down) yields ``{}`` only when it said
+    why on stderr; anything else fails the test.
+    """
+    extra = ["-L"] if list_tgt else []
+    ret = run_cli(
+        "salt",
+        master.config_dir,
+        *extra,
+        f"--timeout={timeout}",
+        "--static",
+        tgt,
+        fun,
+        *args,
+        timeout=timeout + 120,
+    )
+    if isinstance(ret.data, dict):
+        return ret.data
+    assert ret.returncode != 0 and (ret.stderr or ret.stdout), ret
+    assert "Usage:" not in ret.stderr and "error:" not in ret.stderr, ret
+    return {}
+
+
+def pingers(master, timeout=10):
+    """
+    The minions that answer ``salt '*' test.ping`` from ``master``.
+    """
+    return sorted(m for m, r in salt_cmd(master, "*", "test.ping", timeout=timeout).items() if r)
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+def wait_for(predicate, timeout, interval=1.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def read_pid(pidfile):
+    with contextlib.suppress(OSError, ValueError, psutil.Error):
+        pid = int(pathlib.Path(pidfile).read_text().strip())
+        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            return pid
+    return None
+
+
+# --- secrets ---------------------------------------------------------------------------------
+
+WINDOW = 40
+_CHUNK = WINDOW // 2
+
+
+class SecretScanner:
+    """
+    Finds any ``WINDOW``-character run of a secret (e.g. a private key's base64 body) in bytes.
+
+    ``public`` texts (the public key's encodings: a private RSA key's base64 shares the
+    modulus with its public key) are not secret: runs that also occur in them are not searched.
+    Every 40-character run of the secret contains one of its 20-character chunks at a multiple
+    of 20, so those chunks are searched first and a hit is confirmed against the full runs.
+    """
+
+    def __init__(self, secret, public=()):
+        self.secret = secret.encode()
+        public_windows = set()
+        for text in public:
+            text = text.encode()
+            public_windows.update(text[i : i + WINDOW] for i in range(len(text) - WINDOW + 1))
+        self.windows = {
+            self.secret[i : i + WINDOW] for i in range(len(self.secret) - WINDOW + 1)
+        } - public_windows
+        starts = {
+            i
+            for i in range(len(self.secret) - WINDOW + 1)
+            if self.secret[i : i + WINDOW] in self.windows
+        }
+        self.chunks = [
+            self.secret[i : i + _CHUNK]
+            for i in range(0, len(self.secret) - _CHUNK + 1, _CHUNK)
+            if any(i - _CHUNK <= s <= i for s in starts)
+        ]
+
+    @classmethod
+    def for_private_key(cls, pem):
+        """
+        A scanner for the private-only material of an RSA private key PEM.
+        """
+        key = serialization.load_pem_private_key(pem.encode(), password=None).public_key()
+        public = [
+            pem_body(key.public_bytes(serialization.Encoding.PEM, fmt).decode())
+            for fmt in (
+                serialization.PublicFormat.SubjectPublicKeyInfo,
+                serialization.PublicFormat.PKCS1,
+            )
+        ]
+        return cls(pem_body(pem), public=public)
+
+    def find(self, data):
+        """
+        Offset of the first run of the secret in ``data``, or None.
+        """
+        for chunk in self.chunks:
+            start = data.find(chunk)
+            while start >= 0:
+                for lo in range(max(0, start - _CHUNK), start + 1):
+                    if data[lo : lo + WINDOW] in self.windows:
+                        return lo
+                start = data.find(chunk, start + 1)
+        return None
+
+    def scan_tree(self, root, skip_dirs=("pki",)):
+        """
+        ``[(path, offset)]`` of files under ``root`` (not under a dir named in ``skip_dirs``)
+        holding a run of the secret. Also looks inside base64 runs (an encoded copy).
+        """
+        hits = []
+        root = pathlib.Path(root)
+        for path in sorted(root.rglob("*")):
+            rel = path.relative_to(root).parts
+            if any(part in skip_dirs for part in rel[:-1]) or not path.is_file():
+                continue
+            if path.is_symlink():
+                continue
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            offset = self.find(data)
+            if offset is None:
+                offset = self.find_encoded(data)
+            if offset is not None:
+                hits.append((str(path), offset))
+        return hits
+
+    def find_encoded(self, data):
+        """
+        Offset of a base64 run in ``data`` whose decoded bytes hold a run of the secret.
+        """
+        for match in re.finditer(rb"[A-Za-z0-9+/]{80,}={0,2}", data):
+            blob = match.group()
+            with contextlib.suppress(ValueError):
+                if self.find(base64.b64decode(blob[: len(blob) - len(blob) % 4])) is not None:
+                    return match.start()
+        return None
+
+
+class EventCapture:
+    """
+    Keeps every event the factories' event listener receives while active (the listener itself
+    drops events after two minutes).
+    """
+
+    def __init__(self, event_listener, interval=0.5):
+        self.listener = event_listener
+        self.interval = interval
+        self.events = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self):
+        while not self._stop.is_set():
+            self._collect()
+            self._stop.wait(self.interval)
+
+    def _collect(self):
+        for event in list(self.listener.store):
+            self.events.setdefault(id(event), event)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self._stop.set()
+        self._thread.join()
+        self._collect()
+
+    def dumps(self):
+        """
+        ``[(daemon id, tag, serialized data)]`` of every captured event.
+        """
+        return [
+            (e.daemon_id, e.tag, json.dumps(e.full_data, default=str, sort_keys=True))
+            for e in self.events.values()
+        ]
