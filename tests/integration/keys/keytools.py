@@ -14,11 +14,12 @@ import re
 import subprocess
 import sys
 import threading
-import time
 
 import psutil
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from ..harness import wait_for  # noqa: F401  (the key tests call keytools.wait_for)
 
 BIN = pathlib.Path(sys.executable).parent
 KEY_DIRS = ("minions", "minions_pre", "minions_rejected", "minions_denied")
@@ -263,17 +264,6 @@ def pingers(master, timeout=10):
 
 
 # --- processes -------------------------------------------------------------------------------
-
-
-def wait_for(predicate, timeout, interval=1.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def read_pid(pidfile):
