@@ -3,10 +3,13 @@ Operate a set of Salt masters as one: share the master key, keep minion keys ide
 master, and report whether the set is consistent and alive.
 
 The masters are read from this master's own config (``multimaster:`` in ``master.d``, written by
-the ``multimaster.master`` state); ``masters=`` overrides it. Each master is reached through its
-control minion (the salt-minion on that host), targeted by exact id list. Work is applied master
-by master in the order of ``masters`` (the first is the primary). Every function takes
-``test=True`` (return the plan, change nothing) and returns ``retcode: 1`` on any failure.
+the ``multimaster.master`` state); ``masters=`` overrides it, except for ``sync_master_key``,
+whose recipients of a private key come only from this master's config. Each master is reached
+through its control minion (the salt-minion on that host, module ``multimaster_peer``), targeted
+by exact id list. Every change is sent as an order signed by this master and bound to a
+single-use challenge of the recipient. Work is applied master by master in the order of
+``masters`` (the first is the primary). Every function takes ``test=True`` (return the plan,
+change nothing) and returns ``retcode: 1`` on any failure.
 """
 
 import logging
@@ -33,6 +36,7 @@ __virtualname__ = "multimaster"
 
 # Listed ids in a report are capped; counts are always complete.
 SHOWN = 50
+PEER = "multimaster_peer"
 
 
 def __virtual__():
@@ -44,12 +48,18 @@ def __virtual__():
 # --- plumbing --------------------------------------------------------------------------------
 
 
+class Refused(SaltInvocationError):
+    """
+    Bad input or an unsafe situation: nothing was changed.
+    """
+
+
 def _section(masters=None):
     section = dict(__opts__.get("multimaster") or {})
     if masters is not None:
         section["masters"] = masters
     if not section.get("masters"):
-        raise SaltInvocationError(
+        raise Refused(
             "multimaster:masters is not in this master's config: apply the multimaster.master "
             "state to this master's control minion, or pass masters=[...]"
         )
@@ -77,20 +87,26 @@ def _refused(exc):
     return _finish({"comment": f"Refused, nothing changed: {exc}"}, True)
 
 
-def _config_dirs(section):
-    return {m["minion_id"]: m.get("config_dir") for m in section["masters"]}
+def _ids(section):
+    return [m["id"] for m in section["masters"]]
 
 
-def _call(section, masters, fun, kwarg, timeout):
+def _by_id(section):
+    return {m["id"]: m for m in section["masters"]}
+
+
+def _call(section, masters, fun, kwarg, timeout, check=None):
     """
-    Run ``fun`` on the control minions of ``masters``; ``(answers, errors)`` keyed by master id.
+    Run ``multimaster_peer.<fun>`` on the control minions of ``masters``; ``(answers, errors)``
+    keyed by master id. ``check(answer)`` validates (and may normalise) each answer: a peer's
+    return is never trusted as it comes.
     """
     by_minion = {m["minion_id"]: m["id"] for m in section["masters"] if m["id"] in masters}
     start = time.monotonic()
     with salt.client.get_local_client(__opts__["conf_file"]) as client:
         returns = client.cmd(
             list(by_minion),
-            fun,
+            f"{PEER}.{fun}",
             kwarg=kwarg,
             tgt_type="list",
             timeout=timeout,
@@ -103,153 +119,216 @@ def _call(section, masters, fun, kwarg, timeout):
         if not isinstance(ret, dict) or "ret" not in ret:
             errors[master_id] = f"control minion {minion_id} did not answer"
         elif ret.get("retcode", 0) != 0 or isinstance(ret["ret"], str):
-            errors[master_id] = str(ret["ret"])
-        elif isinstance(ret["ret"], dict) and ret["ret"].get("alive") is False:
+            errors[master_id] = str(ret["ret"])[:2000]
+        elif not isinstance(ret["ret"], dict):
+            errors[master_id] = f"{fun} on {minion_id}: malformed return ({type(ret['ret'])})"
+        elif ret["ret"].get("alive") is False:
             errors[master_id] = f"salt-master on {master_id} is not running; left untouched"
         else:
-            answers[master_id] = ret["ret"]
+            try:
+                answers[master_id] = check(ret["ret"]) if check else ret["ret"]
+            except (ValueError, TypeError, KeyError) as exc:
+                errors[master_id] = f"{fun} on {minion_id}: malformed return: {exc}"
     return answers, errors
 
 
-def _ids(section):
-    return [m["id"] for m in section["masters"]]
+def _binding(answer, master):
+    """
+    The challenge a peer issued, checked to name the master we asked.
+    """
+    binding = answer.get("binding")
+    if not isinstance(binding, dict) or binding.get("target") != master:
+        raise ValueError(f"no challenge bound to {master}")
+    return binding
+
+
+def _bound(binding, **extra):
+    return multimaster_seal.bind(
+        binding["challenge"], binding["target"], binding["config_dir"], **extra
+    )
+
+
+def _signer_key():
+    """
+    This master's own private key (signs orders and envelopes; never leaves this process).
+    """
+    name_pem, _ = multimaster_keystore.master_key_files(__opts__, False)
+    return salt.cache.Cache(__opts__, driver=__opts__["keys.cache_driver"]).fetch(
+        "master_keys", name_pem
+    )
 
 
 # --- minion keys -----------------------------------------------------------------------------
 
 
+def _inventory_check(kind):
+    def check(answer):
+        checked = multimaster_keys.check_inventory_return(answer, kind)
+        checked["binding"] = answer.get("binding")
+        return checked
+
+    return check
+
+
 def _inventories(section, timeout, ids=None):
     """
     Entries and pubs of every master, fetched only where digests differ (or for ``ids``).
-    Returns ``(inventories, pubs, errors, repair)``.
+    Returns ``{"inventories", "pubs", "bindings", "errors", "repair", "totals"}`` (``totals``:
+    each master's key count, when digests were read).
     """
-    config_dir = _config_dirs(section)
     masters = _ids(section)
-    repair = []
+    found = {"bindings": {}, "errors": {}, "repair": [], "totals": None}
     if ids is None:
-        digests, errors = _call(
-            section, masters, "multimaster.key_inventory", {"config_dir": config_dir}, timeout
+        digests, found["errors"] = _call(
+            section, masters, "key_inventory", {}, timeout, _inventory_check("digests")
         )
-        repair = [m for m, d in digests.items() if d["repair"]]
+        found["bindings"] = {m: d["binding"] for m, d in digests.items()}
+        found["repair"] = [m for m, d in digests.items() if d["repair"]]
+        found["totals"] = {m: d["count"] for m, d in digests.items()}
         if len({d["digest"] for d in digests.values()}) <= 1:
-            return {m: {} for m in digests}, {}, errors, repair
+            return dict(found, inventories={m: {} for m in digests}, pubs={})
         buckets = set()
         for digest in digests.values():
             buckets.update(digest["buckets"])
         differing = [
             b for b in sorted(buckets) if len({d["buckets"].get(b) for d in digests.values()}) > 1
         ]
-        kwarg = {"config_dir": config_dir, "buckets": differing, "with_pubs": True}
+        kwarg = {"buckets": differing, "with_pubs": True}
         masters = list(digests)
     else:
-        kwarg = {"config_dir": config_dir, "ids": ids, "with_pubs": True}
-        errors = {}
-    full, more_errors = _call(section, masters, "multimaster.key_inventory", kwarg, timeout)
-    errors.update(more_errors)
-    inventories = {m: full[m]["entries"] for m in full}
-    pubs = {m: full[m]["pubs"] for m in full}
-    return inventories, pubs, errors, repair
+        kwarg = {"ids": ids, "with_pubs": True}
+    full, errors = _call(
+        section, masters, "key_inventory", kwarg, timeout, _inventory_check("entries")
+    )
+    found["errors"].update(errors)
+    found["bindings"].update({m: full[m]["binding"] for m in full})
+    return dict(
+        found,
+        inventories={m: full[m]["entries"] for m in full},
+        pubs={m: full[m]["pubs"] for m in full},
+    )
 
 
-def _attach_pubs(plan, pubs):
+def _apply_one(section, master, actions, binding, timeout):
     """
-    Give every action the canonical PEM it needs; an id whose key is not canonical is refused
-    everywhere (``plan["invalid_keys"]``).
+    Send one master its actions, signed and bound to the challenge it issued.
     """
-    invalid = {}
-    for master, actions in plan["actions"].items():
-        kept = []
-        for action in actions:
-            if action["op"] == "delete":
-                kept.append(action)
-                continue
-            kind = "denied" if action["op"] == "deny" else "key"
-            pem = next(
-                (
-                    p[action["id"]][kind]
-                    for p in pubs.values()
-                    if kind in p.get(action["id"], {})
-                    and multimaster_keys.fingerprint(p[action["id"]][kind]) == action["fp"]
-                ),
-                None,
-            )
-            try:
-                action["pub"] = multimaster_keys.canonical(pem, f"key of {action['id']!r}")
-            except SaltInvocationError as exc:
-                invalid[action["id"]] = str(exc)
-                continue
-            kept.append(action)
-        plan["actions"][master] = [a for a in kept if a["id"] not in invalid]
-    plan["invalid_keys"] = invalid
-    return plan
+    instruction = {"actions": actions}
+    try:
+        order = multimaster_seal.order(
+            instruction,
+            "key_actions",
+            _by_id(section)[master]["minion_id"],
+            _signer_key(),
+            _bound(_binding({"binding": binding}, master)),
+        )
+    except ValueError as exc:
+        return {"result": False, "error": str(exc)}
+    answers, errors = _call(
+        section, [master], "apply_key_actions", {"actions": actions, "order": order}, timeout
+    )
+    if master in errors:
+        return {"result": False, "error": errors[master]}
+    done = answers[master]
+    return {
+        "result": not done.get("skipped_count"),
+        "changes": done.get("changes"),
+        "ids": done.get("ids"),
+        "skipped": done.get("skipped"),
+        "repaired": done.get("repaired"),
+        "aes_rotated": done.get("rotated"),
+    }
 
 
-def _apply(section, plan, repair, timeout):
+def _apply(section, plan, repair, bindings, timeout):
     """
     Apply each master's actions, in the order of ``masters``. Returns per-master reports.
     """
-    config_dir = _config_dirs(section)
     report = {}
     for master in _ids(section):
         actions = plan["actions"].get(master, [])
         if not actions and master not in repair:
             continue
         _progress(f"{master}: applying {len(actions)} key action(s)")
-        answers, errors = _call(
-            section,
-            [master],
-            "multimaster.apply_key_actions",
-            {"actions": actions, "config_dir": config_dir},
-            timeout,
-        )
-        if master in errors:
-            report[master] = {"result": False, "error": errors[master]}
-            continue
-        done = answers[master]
-        report[master] = {
-            "result": not done["skipped_count"],
-            "changes": done["changes"],
-            "ids": done["ids"],
-            "skipped": done["skipped"],
-            "repaired": done["repaired"],
-            "aes_rotated": done["rotated"],
-        }
+        report[master] = _apply_one(section, master, actions, bindings.get(master), timeout)
     return report
 
 
+_REPORTED = ("conflicts", "pending", "drift", "denied", "spoofed", "invalid", "invalid_keys")
+_FAILING = ("conflicts", "invalid", "invalid_keys")
+
+
 def _summary(plan):
-    return {
-        key: plan[key]
-        for key in ("conflicts", "pending", "drift", "denied", "invalid", "invalid_keys")
-        if plan.get(key)
-    }
+    summary = {key: plan[key] for key in _REPORTED if plan.get(key)}
+    if plan.get("warnings"):
+        summary["warnings"] = plan["warnings"]
+    return summary
 
 
-def _reconcile(section, plan_fn, timeout, test, ids=None):
-    inventories, pubs, errors, repair = _inventories(section, timeout, ids)
-    plan = _attach_pubs(plan_fn(inventories), pubs)
+def _planned(actions):
+    shown = [{k: a[k] for k in ("id", "op", "fp")} for a in actions[:SHOWN]]
+    if len(actions) > SHOWN:
+        shown.append(f"... and {len(actions) - SHOWN} more")
+    return shown
+
+
+def _reconcile(section, plan_fn, timeout, test, ids=None, force=False):
+    """
+    Inventory, plan, guard, then apply (unless ``test``). Returns ``(report, failed)``.
+    """
+    found = _inventories(section, timeout, ids)
+    errors = found["errors"]
+    plan = multimaster_keys.attach_pubs(plan_fn(found["inventories"]), found["pubs"])
     ret = {"masters": {}, **_summary(plan)}
     for master, error in errors.items():
         ret["masters"][master] = {"result": False, "error": error}
+    refusal = multimaster_keys.revoke_refusal(
+        plan,
+        found["inventories"],
+        max_share=section.get("max_revoke_share", 0.1),
+        force=force,
+        totals=found["totals"],
+    )
+    if refusal:
+        ret["comment"] = f"Refused, nothing changed: {refusal} (force=True to proceed)"
+        return ret, True
     if test:
         for master, actions in plan["actions"].items():
-            ret["masters"].setdefault(master, {"result": None})["planned"] = [
-                {k: a[k] for k in ("id", "op", "fp")} for a in actions[:SHOWN]
-            ] + ([f"... and {len(actions) - SHOWN} more"] if len(actions) > SHOWN else [])
+            ret["masters"].setdefault(master, {"result": None})["planned"] = _planned(actions)
         return ret, bool(errors)
-    ret["masters"].update(_apply(section, plan, repair, timeout))
+    ret["masters"].update(_apply(section, plan, found["repair"], found["bindings"], timeout))
     failed = bool(errors) or any(not r.get("result", True) for r in ret["masters"].values())
-    failed = failed or bool(plan["conflicts"] or plan["invalid"] or plan["invalid_keys"])
-    return ret, failed
+    return ret, failed or any(plan.get(key) for key in _FAILING)
 
 
-def sync_keys(minion=None, prune=False, test=False, masters=None, timeout=60):
+def sync_keys(minion=None, prune=False, test=False, force=False, masters=None, timeout=60):
     """
     Reconcile minion key states across all masters. The primary's accepted keys become accepted
     everywhere; rejected or denied anywhere wins everywhere; pending keys are listed, never
     accepted; keys accepted only on peers are drift (removed with ``prune=True``); one id with two
-    different keys is a conflict: both fingerprints are reported and nothing changes for it.
-    Compares digests first, so a run with nothing to do moves a few KB.
+    different keys is a conflict: both fingerprints are reported and nothing changes for it. A
+    denied key that differs from the id's accepted key is a spoof record (Salt stores a different
+    key offered for an accepted id as denied): reported and copied, the accepted key still
+    propagates. Compares digests first, so a run with nothing to do moves a few KB.
+
+    minion
+        Only this minion id.
+
+    prune
+        Delete keys accepted on peers but unknown to the primary.
+
+    test
+        Return the plan; change nothing.
+
+    force
+        Allow revoking more than ``multimaster:max_revoke_share`` of a master's accepted keys in
+        one run (a compromised peer reporting every id as rejected must not revoke the fleet).
+
+    masters
+        Override the master list of this master's config (a list of master entries).
+
+    timeout
+        Seconds to wait for each control-minion call.
 
     CLI Example:
 
@@ -261,9 +340,7 @@ def sync_keys(minion=None, prune=False, test=False, masters=None, timeout=60):
     """
     try:
         section = _section(masters)
-        ids = None
-        if minion is not None:
-            ids = [multimaster_ids.check_id(minion, "minion")]
+        ids = None if minion is None else [multimaster_ids.check_id(minion, "minion")]
     except SaltInvocationError as exc:
         return _refused(exc)
     order = _ids(section)
@@ -273,58 +350,14 @@ def sync_keys(minion=None, prune=False, test=False, masters=None, timeout=60):
         timeout,
         test,
         ids,
+        force,
     )
     if not test and not failed and not any(r.get("changes") for r in ret["masters"].values()):
         ret["comment"] = "All masters already hold the same keys"
     return _finish(ret, failed)
 
 
-def _one_id_plan(op, minion_id, fingerprint, order):
-    def plan(inventories):
-        held = {m: inv.get(minion_id) for m, inv in inventories.items()}
-        keys = {m: e[1] for m, e in held.items() if e and e[0] != "denied"}
-        result = {
-            "actions": {m: [] for m in inventories},
-            "conflicts": {},
-            "invalid": [],
-            "refused": None,
-        }
-        fps = set(keys.values())
-        if fingerprint and fps - {fingerprint}:
-            result["refused"] = f"{minion_id}: held keys {sorted(fps)} do not match {fingerprint}"
-            return result
-        if op == "delete":
-            for master, entry in held.items():
-                if entry:
-                    _action(result, master, minion_id, "delete", None, entry)
-            return result
-        if len(fps) > 1:
-            result["conflicts"][minion_id] = keys
-            return result
-        fp = next(iter(fps), None)
-        if fp is None:
-            result["refused"] = f"{minion_id}: no key for this id on any reachable master"
-            return result
-        if op == "accept":
-            bad = {m: e[0] for m, e in held.items() if e and (e[0] in ("rejected", "denied"))}
-            bad.update({m: "denied" for m, e in held.items() if e and len(e) > 2})
-            if bad:
-                result["refused"] = f"{minion_id}: rejected or denied on {bad}; deny wins"
-                return result
-        state = "accepted" if op == "accept" else "rejected"
-        for master, entry in held.items():
-            if not entry or entry[0] != state:
-                _action(result, master, minion_id, op, fp, entry)
-        return result
-
-    return plan
-
-
-def _action(result, master, minion_id, op, fp, entry):
-    result["actions"][master].append({"id": minion_id, "op": op, "fp": fp, "expect": entry})
-
-
-def _one_id(op, minion_id, fingerprint, test, masters, timeout):
+def _one_id(op, minion_id, fingerprint, test, masters, timeout, force=False):
     try:
         section = _section(masters)
         multimaster_ids.check_id(minion_id, "minion id")
@@ -333,14 +366,14 @@ def _one_id(op, minion_id, fingerprint, test, masters, timeout):
     refused = {}
 
     def plan_fn(inventories):
-        plan = _one_id_plan(op, minion_id, fingerprint, _ids(section))(inventories)
+        plan = multimaster_keys.one_id_plan(op, minion_id, fingerprint, inventories, _ids(section))
         refused["reason"] = plan.pop("refused")
         if refused["reason"]:
             plan["actions"] = {m: [] for m in plan["actions"]}
         return plan
 
-    ret, failed = _reconcile(section, plan_fn, timeout, test, ids=[minion_id])
-    if refused["reason"]:
+    ret, failed = _reconcile(section, plan_fn, timeout, test, ids=[minion_id], force=force)
+    if refused.get("reason"):
         ret["comment"] = f"Refused, nothing changed: {refused['reason']}"
         failed = True
     return _finish(ret, failed)
@@ -349,9 +382,18 @@ def _one_id(op, minion_id, fingerprint, test, masters, timeout):
 def accept(minion, fingerprint=None, test=False, masters=None, timeout=60):
     """
     Accept one minion key on every master, in order. Works when the key is pending on only one
-    master (a failover minion that reached just that one). Refused when the id is rejected or
-    denied anywhere, when masters hold different keys for it, or when ``fingerprint`` (ours:
-    SHA-256 of the DER public key) is given and does not match.
+    master (a failover minion that reached just that one). Refused when the id's key is rejected
+    or denied anywhere, when masters hold different keys for it, or when ``fingerprint`` is given
+    and does not match.
+
+    minion
+        The minion id.
+
+    fingerprint
+        The expected key fingerprint (ours: SHA-256 of the DER public key, colon hex).
+
+    test, masters, timeout
+        As for ``sync_keys``.
 
     CLI Example:
 
@@ -368,6 +410,15 @@ def reject(minion, fingerprint=None, test=False, masters=None, timeout=60):
     Reject one minion key on every master (also where it was unknown), rotating the AES key of
     every master that had it accepted.
 
+    minion
+        The minion id.
+
+    fingerprint
+        Only if the held key has this fingerprint.
+
+    test, masters, timeout
+        As for ``sync_keys``.
+
     CLI Example:
 
     .. code-block:: bash
@@ -381,6 +432,15 @@ def delete(minion, fingerprint=None, test=False, masters=None, timeout=60):
     """
     Delete one minion's keys (every state) on every master, rotating the AES key of every master
     that had it accepted.
+
+    minion
+        The minion id.
+
+    fingerprint
+        Only if the held key has this fingerprint.
+
+    test, masters, timeout
+        As for ``sync_keys``.
 
     CLI Example:
 
@@ -398,27 +458,172 @@ def _signing(section):
     return section["mode"] == "failover" and section.get("signing", {}).get("enabled", False)
 
 
-def _local_master_key(signing):
-    name_pem, _ = multimaster_keystore.master_key_files(__opts__, signing)
+def _local_pair(signing):
+    """
+    ``(private pem, public pem)`` of the pair this master would deliver (never returned).
+    """
+    name_pem, name_pub = multimaster_keystore.master_key_files(__opts__, signing)
     cache = salt.cache.Cache(__opts__, driver=__opts__["keys.cache_driver"])
-    return cache.fetch("master_keys", name_pem)
+    return cache.fetch("master_keys", name_pem), cache.fetch("master_keys", name_pub)
 
 
-def _recipient_pub(minion_id):
+def _primary_key_entry(minion_id):
+    """
+    ``(state, pem, denied)`` of ``minion_id`` in this master's own key store.
+    """
     cache = salt.cache.Cache(__opts__, driver=__opts__["keys.cache_driver"])
-    entry = cache.fetch("keys", minion_id)
-    if not entry or entry.get("state") != "accepted":
-        return None
-    return entry["pub"]
+    entry = cache.fetch("keys", minion_id) or {}
+    return entry.get("state"), entry.get("pub"), bool(cache.fetch("denied_keys", minion_id))
+
+
+def _recipient_problem(master, inventories):
+    """
+    Why the control minion of ``master`` must not receive a private key, or None.
+
+    Its key must be accepted on this master, canonical, match the pinned fingerprint if any, and
+    be the only key for that id on every master (no pending, rejected, denied or other key).
+    """
+    minion_id = master["minion_id"]
+    state, pem, denied = _primary_key_entry(minion_id)
+    if state != "accepted" or denied:
+        return f"control minion {minion_id} is not accepted (alone) on this master"
+    try:
+        fp = multimaster_keys.fingerprint(multimaster_keys.canonical(pem, f"key of {minion_id}"))
+    except SaltInvocationError as exc:
+        return str(exc)
+    pinned = master.get("minion_fingerprint")
+    if pinned and pinned != fp:
+        return f"control minion {minion_id} has key {fp}, not the pinned {pinned}"
+    for other, entries in inventories.items():
+        held = entries.get(minion_id)
+        if held is None:
+            return f"control minion {minion_id} is not accepted on {other}"
+        if held.state != "accepted" or held.fp != fp or held.denied_fp:
+            return f"control minion {minion_id} holds another key or state on {other}: {held}"
+    return None
+
+
+def _key_plan(section, signing, timeout):
+    """
+    What each master stores now; refuse what must not go ahead. Returns ``(plan, errors)``.
+    """
+    order = _ids(section)
+    info, errors = _call(section, order, "master_key_info", {"signing": signing}, 60)
+    primary = order[0]
+    if primary not in info or not info[primary].get("pub"):
+        raise Refused(f"primary {primary} did not report its key")
+    private, public = _local_pair(signing)
+    intended = multimaster_keys.fingerprint(info[primary]["pub"])
+    if not private or multimaster_keys.private_key_fingerprint(private) != intended:
+        raise Refused(
+            f"this master does not hold the primary's key {intended}: run sync_master_key on "
+            f"{primary}"
+        )
+    if signing:
+        configured = multimaster_keys.fingerprint(section["signing"].get("public_key", ""))
+        if configured != intended:
+            raise Refused(
+                f"multimaster:signing:public_key has fingerprint {configured}, but the "
+                f"primary's signing pair is {intended}: minions would refuse every master"
+            )
+    stored = {m: multimaster_keys.fingerprint(i.get("pub") or "") for m, i in info.items()}
+    plan = {
+        "intended": intended,
+        "pub": public,
+        "salt_finger": multimaster_keys.salt_finger(public),
+        "info": info,
+        "stale": [m for m in order[1:] if m in info and stored[m] != intended],
+        "stored": stored,
+    }
+    return plan, errors
+
+
+def _deliver(section, master, plan, signing, timeout):
+    """
+    Seal the pair to ``master``'s control minion, bound to its challenge, and install it.
+    """
+    entry = _by_id(section)[master]
+    private, public = _local_pair(signing)
+    envelope = multimaster_seal.seal(
+        {"pem": private, "pub": public},
+        "master_sign" if signing else "master_key",
+        entry["minion_id"],
+        _primary_key_entry(entry["minion_id"])[1],
+        _signer_key(),
+        _bound(_binding(plan["info"][master], master), fp=plan["intended"]),
+    )
+    del private
+    answers, errors = _call(
+        section,
+        [master],
+        "install_master_key",
+        {"envelope": envelope, "signing": signing},
+        timeout,
+    )
+    if master in errors:
+        return {"result": False, "error": errors[master]}
+    done = answers[master]
+    return {
+        "result": bool(done.get("served")),
+        "changed": done.get("changed"),
+        "restarted": done.get("restarted"),
+        "served": done.get("served"),
+        "reason": done.get("reason"),
+    }
+
+
+def _verify_all(section, ret, plan, signing, timeout):
+    """
+    Every master proves, by a sign-in, that it serves the intended key (the shared one, or in
+    signing mode its own key signed by the shared signing pair). The sign-in comes from the
+    control minion of the *next* master: a compromised host cannot vouch for its own master.
+    """
+    port = section["ports"]["ret"]
+    masters = section["masters"]
+    for index, master in enumerate(masters):
+        report = ret["masters"].setdefault(master["id"], {"result": True})
+        if report.get("result") is False:
+            continue
+        verifier = masters[(index + 1) % len(masters)]["id"]
+        if signing:
+            # Each master keeps its own key in signing mode: the one it reported before.
+            pub, sign_pub = plan["info"].get(master["id"], {}).get("own_pub"), plan["pub"]
+        else:
+            pub, sign_pub = plan["pub"], None
+        answers, errors = _call(
+            section,
+            [verifier],
+            "verify_master_key",
+            {"host": master["host"], "port": port, "pub": pub, "sign_pub": sign_pub},
+            timeout,
+        )
+        verified = answers.get(verifier, {})
+        report["served"] = verified.get("served") is True
+        report["verified_by"] = verifier
+        if not report["served"]:
+            report["result"] = False
+            report["reason"] = verified.get("reason") or errors.get(verifier)
 
 
 def sync_master_key(test=False, masters=None, timeout=180):
     """
     Give every peer master the primary's master key pair (mode ``hot``, or ``failover`` with a
     shared key) or signing pair (``failover`` with ``signing:enabled``). The pair travels sealed to
-    the peer's control minion and signed by this master; the peer's master is stopped for the
-    swap, restarted the way it runs and waited for. Then every master's served key is checked by
-    a real sign-in. Must run on the primary, or on a master that already shares its key.
+    the peer's control minion (named in this master's own config, accepted here with no other
+    key for its id anywhere, matching ``minion_fingerprint`` where pinned) and signed by this
+    master, bound to a challenge of the recipient, the peer and an expiry; the peer's master is
+    stopped for the swap, restarted the way it runs and waited for. Then every master's served
+    key is checked by a real sign-in from another master's control minion. Must run on the
+    primary, or on a master that already shares its key.
+
+    test
+        Return the plan; change nothing.
+
+    masters
+        Refused: the recipients of a private key come only from this master's config.
+
+    timeout
+        Seconds to wait for each install (stop, store, restart, sign-in).
 
     CLI Example:
 
@@ -428,154 +633,97 @@ def sync_master_key(test=False, masters=None, timeout=180):
         salt-run multimaster.sync_master_key test=True
     """
     try:
-        section = _section(masters)
+        if masters is not None:
+            raise Refused(
+                "masters= is not accepted by sync_master_key: the recipients of the master's "
+                "private key come only from multimaster:masters in this master's own config"
+            )
+        section = _section()
+        signing = _signing(section)
+        plan, errors = _key_plan(section, signing, timeout)
     except SaltInvocationError as exc:
         return _refused(exc)
-    signing = _signing(section)
-    order = _ids(section)
-    primary = order[0]
-    port = section["ports"]["ret"]
-    config_dir = _config_dirs(section)
-    by_id = {m["id"]: m for m in section["masters"]}
-    ret = {"masters": {}, "signing": signing}
-
-    info, errors = _call(
-        section,
-        order,
-        "multimaster.master_key_info",
-        {"config_dir": config_dir, "signing": signing},
-        timeout=60,
-    )
+    ret = {"masters": {}, "signing": signing, "fingerprint": plan["intended"]}
+    ret["salt_finger"] = plan["salt_finger"]
     for master, error in errors.items():
         ret["masters"][master] = {"result": False, "error": error}
-    if primary not in info or not info[primary]["fp"]:
-        ret["comment"] = f"primary {primary} did not report its key; nothing changed"
-        return _finish(ret, True)
-    intended_pub = info[primary]["pub"]
-    intended = info[primary]["fp"]
-    ret["fingerprint"] = intended
-    ret["salt_finger"] = info[primary]["salt_finger"]
-    private = _local_master_key(signing)
-    if not private or multimaster_keys.private_key_fingerprint(private) != intended:
-        ret["comment"] = (
-            f"this master does not hold the primary's key {intended}: run sync_master_key on "
-            f"{primary}; nothing changed"
-        )
-        return _finish(ret, True)
-
-    # Control minions must be accepted everywhere before a sign-in can verify a master.
-    control = [m["minion_id"] for m in section["masters"]]
-    if not test:
-        _reconcile(section, lambda inv: multimaster_keys.plan(inv, order), 60, False, ids=control)
-
-    for master in order[1:]:
-        if master not in info:
-            continue
-        if info[master]["fp"] == intended:
-            ret["masters"][master] = {"result": True, "changed": False, "fp": intended}
-            continue
-        entry = {"old": info[master]["fp"], "new": intended}
-        if test:
+    for master in _ids(section)[1:]:
+        if master in plan["info"] and master not in plan["stale"]:
+            ret["masters"][master] = {"result": True, "changed": False}
+    if test:
+        for master in plan["stale"]:
             ret["masters"][master] = {
                 "result": None,
                 "planned": "install, restart, verify",
-                **entry,
+                "old": plan["stored"][master],
+                "new": plan["intended"],
             }
-            continue
-        minion_id = by_id[master]["minion_id"]
-        recipient = _recipient_pub(minion_id)
-        if recipient is None:
-            ret["masters"][master] = {
-                "result": False,
-                "error": f"control minion {minion_id} is not accepted on this master",
-            }
+        return _finish(ret, bool(errors))
+    _deliver_stale(section, ret, plan, signing, timeout)
+    _verify_all(section, ret, plan, signing, timeout)
+    return _finish(ret, any(r.get("result") is False for r in ret["masters"].values()))
+
+
+def _deliver_stale(section, ret, plan, signing, timeout):
+    """
+    Accept the control minions everywhere (a sign-in needs it), re-check each recipient, and
+    deliver to every master whose stored key is not the intended one.
+    """
+    control = [m["minion_id"] for m in section["masters"]]
+    order = _ids(section)
+    _reconcile(section, lambda inv: multimaster_keys.plan(inv, order), 60, False, ids=control)
+    found = _inventories(section, 60, ids=control)
+    inventories, bindings = found["inventories"], found["bindings"]
+    for master in plan["stale"]:
+        entry = {"old": plan["stored"][master], "new": plan["intended"]}
+        problem = _recipient_problem(_by_id(section)[master], inventories)
+        if problem:
+            ret["masters"][master] = {"result": False, "error": f"refused: {problem}", **entry}
             continue
         _progress(f"{master}: installing the shared key, restarting, verifying")
-        envelope = multimaster_seal.seal(
-            {"pem": private, "pub": intended_pub},
-            "master_sign" if signing else "master_key",
-            minion_id,
-            recipient,
-            _local_master_key(False),
-        )
-        answers, call_errors = _call(
-            section,
-            [master],
-            "multimaster.install_master_key",
-            {
-                "envelope": envelope,
-                "host": by_id[master]["host"],
-                "port": port,
-                "config_dir": config_dir,
-                "signing": signing,
-            },
-            timeout,
-        )
-        del envelope
-        if master in call_errors:
-            ret["masters"][master] = {"result": False, "error": call_errors[master], **entry}
-            continue
-        done = answers[master]
-        ret["masters"][master] = {
-            "result": bool(done["served"]),
-            "changed": done["changed"],
-            "restarted": done["restarted"],
-            "served": done["served"],
-            "reason": done["reason"],
-            **entry,
-        }
-    del private
-
-    if not test:
-        _verify_all(section, ret, intended_pub if not signing else None, signing, info, timeout)
-    failed = any(r.get("result") is False for r in ret["masters"].values())
-    return _finish(ret, failed)
-
-
-def _verify_all(section, ret, shared_pub, signing, info, timeout):
-    """
-    Every master proves, by a sign-in from its own control minion, that it serves the intended
-    key (the shared one, or in signing mode its own key signed by the shared signing pair).
-    """
-    port = section["ports"]["ret"]
-    sign_pub = info[section["masters"][0]["id"]]["pub"] if signing else None
-    for master in section["masters"]:
-        report = ret["masters"].setdefault(master["id"], {"result": True})
-        if report.get("result") is False:
-            continue
-        pub = shared_pub
-        if signing:
-            own, _ = _call(
-                section,
-                [master["id"]],
-                "multimaster.master_key_info",
-                {"config_dir": _config_dirs(section)},
-                timeout=60,
-            )
-            pub = own.get(master["id"], {}).get("pub")
-        answers, errors = _call(
-            section,
-            [master["id"]],
-            "multimaster.verify_master_key",
-            {"host": master["host"], "port": port, "pub": pub, "sign_pub": sign_pub},
-            timeout,
-        )
-        verified = answers.get(master["id"], {})
-        report["served"] = bool(verified.get("served"))
-        if not report["served"]:
-            report["result"] = False
-            report["reason"] = verified.get("reason") or errors.get(master["id"])
+        # A fresh challenge from the inventory just read (the earlier one is still valid too).
+        plan["info"][master]["binding"] = bindings.get(master) or plan["info"][master]["binding"]
+        ret["masters"][master] = {**_deliver(section, master, plan, signing, timeout), **entry}
 
 
 # --- status ----------------------------------------------------------------------------------
 
 
+def _report_check(answer):
+    answer["keys"] = multimaster_keys.check_inventory_return(answer["keys"], "digests")
+    pub = answer["master_key"].get("pub")
+    answer["master_key"]["fp"] = multimaster_keys.fingerprint(pub) if pub else None
+    if not isinstance(answer.get("answering"), list):
+        raise ValueError("answering is not a list")
+    return answer
+
+
+def _keys_differ(section, timeout):
+    inventories = _inventories(section, timeout)["inventories"]
+    differing = {}
+    ids = set().union(*(inv.keys() for inv in inventories.values()))
+    for minion_id in ids:
+        seen = {m: inventories[m].get(minion_id) for m in inventories}
+        if len({tuple(e) if e else None for e in seen.values()}) > 1:
+            differing[minion_id] = {m: (e.state if e else None) for m, e in seen.items()}
+    return dict(sorted(differing.items())[:SHOWN])
+
+
 def status(masters=None, timeout=30, ping_timeout=5, test=False):
     """
     One report: which masters answer, whether they store and serve the same master key, whether
-    their minion-key sets are equal (digests, and the differing ids), and which masters each
-    minion answers. Read-only: ``test=True`` (accepted like every runner here) changes nothing
-    either.
+    their minion-key sets are equal (digests, and the differing ids), problems of their key
+    stores, and which masters each minion answers. Read-only: ``test=True`` (accepted like every
+    runner here) changes nothing either.
+
+    masters
+        Override the master list of this master's config.
+
+    timeout
+        Seconds to wait for each control minion.
+
+    ping_timeout
+        Seconds each master's ``test.ping`` waits for minions.
 
     CLI Example:
 
@@ -588,49 +736,46 @@ def status(masters=None, timeout=30, ping_timeout=5, test=False):
     except SaltInvocationError as exc:
         return _refused(exc)
     order = _ids(section)
-    config_dir = _config_dirs(section)
     signing = _signing(section)
     ret = {"masters": {}}
     # One round trip: each control minion reports digests, its master's key and who answers.
     reports, errors = _call(
         section,
         order,
-        "multimaster.master_report",
-        {"config_dir": config_dir, "signing": signing, "ping_timeout": ping_timeout},
+        "master_report",
+        {"signing": signing, "ping_timeout": ping_timeout},
         timeout + ping_timeout,
+        _report_check,
     )
-    digests = {m: r["keys"] for m, r in reports.items()}
-    keyinfo = {m: r["master_key"] for m, r in reports.items()}
-    pings = {m: r["answering"] for m, r in reports.items()}
     for master in order:
         if master in errors:
             ret["masters"][master] = {"reachable": False, "error": errors[master]}
             continue
+        report = reports[master]
         ret["masters"][master] = {
             "reachable": True,
-            "signing_key" if signing else "master_key": keyinfo.get(master, {}).get("fp"),
-            "salt_finger": keyinfo.get(master, {}).get("salt_finger"),
-            "keys": digests[master]["count"],
-            "keys_digest": digests[master]["digest"][:16],
+            "signing_key" if signing else "master_key": report["master_key"]["fp"],
+            "salt_finger": report["master_key"].get("salt_finger"),
+            "keys": report["keys"]["count"],
+            "keys_digest": report["keys"]["digest"][:16],
         }
-    reachable = [m for m in order if m in digests]
-    fps = {keyinfo.get(m, {}).get("fp") for m in reachable}
+        if report.get("store_problems"):
+            ret["masters"][master]["store_problems"] = report["store_problems"][:SHOWN]
+    reachable = [m for m in order if m in reports]
+    fps = {reports[m]["master_key"]["fp"] for m in reachable}
     # Signing mode: each master keeps its own key; what must be shared is the signing pair.
     ret["same_signing_key" if signing else "same_master_key"] = len(fps) == 1
-    ret["keys_equal"] = len({digests[m]["digest"] for m in reachable}) <= 1
+    if signing:
+        configured = multimaster_keys.fingerprint(section["signing"].get("public_key", ""))
+        ret["signing_public_key_matches"] = fps == {configured}
+    ret["keys_equal"] = len({reports[m]["keys"]["digest"] for m in reachable}) <= 1
     if not ret["keys_equal"]:
-        inventories, _, _, _ = _inventories(section, timeout)
-        differing = {}
-        ids = set().union(*(inv.keys() for inv in inventories.values()))
-        for minion_id in ids:
-            seen = {m: inventories[m].get(minion_id) for m in inventories}
-            if len({tuple(e) if e else None for e in seen.values()}) > 1:
-                differing[minion_id] = {m: (e[0] if e else None) for m, e in seen.items()}
-        ret["keys_differ"] = dict(sorted(differing.items())[:SHOWN])
+        ret["keys_differ"] = _keys_differ(section, timeout)
     matrix = {}
     for master in order:
-        for minion_id in pings.get(master, []):
+        for minion_id in reports.get(master, {}).get("answering", []):
             matrix.setdefault(minion_id, {m: False for m in order})[master] = True
     ret["minions"] = dict(sorted(matrix.items()))
     failed = bool(errors) or not ret["keys_equal"] or len(fps) != 1
+    failed = failed or ret.get("signing_public_key_matches") is False
     return _finish(ret, failed)

@@ -6,11 +6,18 @@ that changes the master list still reports its result. ``master_key_files_secure
 key files whose type, mode or owner is wrong.
 """
 
+try:
+    import multimaster_keys
+
+    HAS_UTILS = True
+except ImportError:
+    HAS_UTILS = False
+
 __virtualname__ = "multimaster"
 
 
 def __virtual__():
-    if "multimaster.restart_minion" not in __salt__:
+    if not HAS_UTILS or "multimaster.restart_minion" not in __salt__:
         return (False, "multimaster: execution module not synced; run saltutil.sync_all")
     return __virtualname__
 
@@ -58,11 +65,21 @@ def minion_restarted(name, service="salt-minion", delay=0):
     )
 
 
-def master_restarted(name, pidfile, service="salt-master", delay=0):
+def master_restarted(name, service="salt-master", delay=0):
     """
-    Restart the salt-master recorded in ``pidfile`` once the current job has returned, as a
-    service where it is one, else as a ``-d`` daemon with its own command line. A master that is
-    not running is left alone.
+    Restart this host's salt-master (the master whose control minion runs the state; its config
+    dir and pidfile come from the pillar ``multimaster:masters``) once the current job has
+    returned: as a systemd unit where it is one, else ``salt-master -c <config dir> -d``. A
+    master that is not running is left alone.
+
+    name
+        Anything; shown in the state output.
+
+    service
+        The systemd unit name, used when the master runs as that unit.
+
+    delay
+        Seconds to wait after the job has returned.
 
     CLI Example:
 
@@ -70,24 +87,33 @@ def master_restarted(name, pidfile, service="salt-master", delay=0):
 
         multimaster-master-service-running-master-restarted:
           multimaster.master_restarted:
-            - pidfile: /var/run/salt-master.pid
             - onchanges:
               - file: multimaster-master-config-file-managed
     """
     return _restarted(
         name,
         "salt-master",
-        lambda: __salt__["multimaster.restart_master"](pidfile, service=service, delay=delay),
+        lambda: __salt__["multimaster.restart_master"](service=service, delay=delay),
     )
 
 
-def mod_watch(name, sfun=None, **kwargs):
+def mod_watch(name, sfun=None, service=None, delay=0, **kwargs):
     """
-    Restart on ``watch``, as ``minion_restarted``/``master_restarted`` do.
+    Restart on ``watch``, as ``minion_restarted``/``master_restarted`` do. Salt passes the whole
+    low chunk (``__reqs__``, ``__id__`` ...) as keyword arguments: only ours are used.
+
+    name
+        Anything; shown in the state output.
+
+    sfun
+        The state function the watching state uses.
+
+    service, delay
+        As for ``minion_restarted``/``master_restarted``.
     """
     if sfun == "master_restarted":
-        return master_restarted(name, **kwargs)
-    return minion_restarted(name, **kwargs)
+        return master_restarted(name, service=service or "salt-master", delay=delay)
+    return minion_restarted(name, service=service or "salt-minion", delay=delay)
 
 
 def master_key_files_secure(name, pki_dir, user):
@@ -113,16 +139,23 @@ def master_key_files_secure(name, pki_dir, user):
     }
 
 
-def master_key_served(name, fingerprint, host, port=4506, config_dir=None, signing=False):
+def master_key_served(name, fingerprint, signing=False):
     """
     Ensure the master on this host serves the key with ``fingerprint`` (ours: SHA-256 of the DER
     public key; with ``signing``, the signing pair's). Checked by a real sign-in, not a file read.
     When the stored key already has that fingerprint but the running master serves another (keys
     swapped on disk without a restart), the master is restarted and checked again. A stored key
     with another fingerprint cannot be fixed here: run ``salt-run multimaster.sync_master_key``.
+    The master, its address and ports come from the pillar ``multimaster`` (this minion's entry).
 
     name
         Anything; shown in the state output.
+
+    fingerprint
+        The intended fingerprint (colon hex), as ``salt-run multimaster.status`` shows it.
+
+    signing
+        Check the signing pair (failover with signing) instead of the master key.
 
     CLI Example:
 
@@ -131,22 +164,21 @@ def master_key_served(name, fingerprint, host, port=4506, config_dir=None, signi
         multimaster-master-key-served:
           multimaster.master_key_served:
             - fingerprint: 'e1:b9:...:94'
-            - host: 10.0.3.230
     """
     ret = {"name": name, "result": False, "changes": {}, "comment": ""}
-    info = __salt__["multimaster.master_key_info"](config_dir=config_dir, signing=signing)
-    if info["fp"] != fingerprint:
+    info = __salt__["multimaster_peer.master_key_info"](signing=signing)
+    stored = multimaster_keys.fingerprint(info["pub"]) if info["pub"] else None
+    if stored != fingerprint:
         ret["comment"] = (
-            f"{info['name']} has fingerprint {info['fp']}, not {fingerprint}: "
+            f"{info['name']} has fingerprint {stored}, not {fingerprint}: "
             "run salt-run multimaster.sync_master_key on the primary"
         )
         return ret
-    master_pub = info["pub"]
-    sign_pub = None
-    if signing:
-        master_pub = __salt__["multimaster.master_key_info"](config_dir=config_dir)["pub"]
-        sign_pub = info["pub"]
-    check = __salt__["multimaster.verify_master_key"](host, port, master_pub, sign_pub, timeout=5)
+    local = __salt__["multimaster.settings"]()
+    host, port = local["local"]["master"]["host"], local["ports"]["ret"]
+    master_pub, sign_pub = (info["own_pub"], info["pub"]) if signing else (info["pub"], None)
+    verify = __salt__["multimaster_peer.verify_master_key"]
+    check = verify(host, port, master_pub, sign_pub, timeout=5)
     if check["served"]:
         ret.update(result=True, comment=f"The master serves {fingerprint}")
         return ret
@@ -157,8 +189,8 @@ def master_key_served(name, fingerprint, host, port=4506, config_dir=None, signi
             "it would be restarted",
         )
         return ret
-    restarted = __salt__["multimaster.restart_master_now"](host, port, config_dir=config_dir)
-    check = __salt__["multimaster.verify_master_key"](host, port, master_pub, sign_pub, timeout=60)
+    restarted = __salt__["multimaster.restart_master_now"]()
+    check = verify(host, port, master_pub, sign_pub, timeout=60)
     ret["changes"] = {"restarted": restarted}
     ret["result"] = check["served"]
     ret["comment"] = (

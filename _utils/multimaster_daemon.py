@@ -1,82 +1,192 @@
 """
-Restart a Salt daemon the way it runs: as a systemd service where it is one, otherwise by
-re-running its own command line as a ``-d`` daemon (pidfile), under whatever config dir it uses.
+Restart a Salt daemon the way it runs: as a systemd service where it is one, otherwise as
+``<salt-master|salt-minion> -c <config dir> -d`` of this very Salt install.
+
+A pidfile is only a claim: a stale pidfile, or its pid reused by another process, may name
+anything. So the pid is signalled only once it is verified to be that daemon of that config dir,
+and the command that starts it again is built from the config dir and this Salt install, never
+read from ``/proc`` (a root process must not run a command line that anyone could have put there).
 
 The restart can wait for another process to end first: a minion restarting itself from inside a
 job must let that job send its return, or the highstate that changed the master list would never
-report back.
+report back. That waiting is done by this file run as a script (``main``), detached from the job.
+
+Also the daemon toolkit of the lab, the bench and the tests: ``read_pid``, ``wait_for``,
+``port_open`` and ``wait_port``.
 """
 
+import contextlib
 import json
+import logging
 import os
-import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
 
 import psutil
+import salt._logging
+import salt.syspaths
 import salt.utils.files
+from salt.exceptions import CommandExecutionError
 
-# Runs detached from the job: wait for the job process, then restart.  Kept as plain Python so the
-# watcher needs nothing but the interpreter the daemon already runs on.
-_WATCHER = r"""
-import json, os, signal, subprocess, sys, time
-import psutil
+log = logging.getLogger(__name__)
 
-spec = json.loads(sys.argv[1])
+# Salt writes its pidfile just after the process starts; allow for the clock-tick rounding of a
+# process start time and the whole-second boot time it is counted from.
+PIDFILE_SLACK = 1.0
+# A SIGKILLed process is gone at once, unless stuck in the kernel.
+KILL_TIMEOUT = 10
 
-def alive(pid):
+
+# --- waiting ---------------------------------------------------------------------------------
+
+
+def wait_for(predicate, timeout, interval=0.2):
+    """
+    Call ``predicate`` until it returns something truthy and return that; None once ``timeout``
+    seconds have passed. It is always called at least once.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(interval)
+
+
+def port_open(host, port):
+    """
+    True when ``host:port`` accepts a TCP connection now.
+    """
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
         return False
 
-deadline = time.time() + spec["wait_timeout"]
-while spec["wait_pid"] and alive(spec["wait_pid"]) and time.time() < deadline:
-    time.sleep(0.2)
-time.sleep(spec["delay"])
-if spec["service"]:
-    subprocess.call(["systemctl", "restart", spec["service"]])
-    sys.exit(0)
-if alive(spec["pid"]):
-    os.kill(spec["pid"], signal.SIGTERM)
-    deadline = time.time() + spec["stop_timeout"]
-    while alive(spec["pid"]) and time.time() < deadline:
-        time.sleep(0.2)
-    if alive(spec["pid"]):
-        os.kill(spec["pid"], signal.SIGKILL)
-# Salt refuses to start while its pidfile or process_responsibility_ file names a live process, and
-# counts a zombie (a parent that does not reap: a container's pid 1, a test runner) as live.
-pid_dir, pid_name = os.path.split(spec["pidfile"])
-for path in (spec["pidfile"], os.path.join(pid_dir, "process_responsibility_" + pid_name)):
-    try:
-        with open(path) as handle:
-            owner = json.loads(handle.read() or "null")
-        if (owner.get("pid") if isinstance(owner, dict) else owner) == spec["pid"]:
-            os.remove(path)
-    except (OSError, ValueError):
-        pass
-subprocess.Popen(spec["cmdline"], cwd=spec["cwd"], start_new_session=True,
-                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-"""
+
+def wait_port(host, port, timeout):
+    """
+    True once ``host:port`` accepts TCP connections, False after ``timeout`` seconds.
+    """
+    return bool(wait_for(lambda: port_open(host, port), timeout))
 
 
-_PROCTITLE_RE = re.compile(r"[A-Z][A-Za-z0-9_.]*")
+# --- which process -------------------------------------------------------------------------
 
 
 def read_pid(pidfile):
     """
-    The pid in ``pidfile`` if that process is alive, else None.
+    The pid in ``pidfile`` if that process is alive (not a zombie), else None.
     """
     try:
         with salt.utils.files.fopen(pidfile) as handle:
             pid = int(handle.read().strip())
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return pid
-    except (OSError, ValueError, psutil.Error):
+    except (OSError, ValueError):
         return None
+    return pid if pid > 0 and _pid_alive(pid) else None
+
+
+def verified_pid(pidfile, daemon, config_dir):
+    """
+    The pid in ``pidfile`` if that process really is ``daemon`` (``salt-master``/``salt-minion``)
+    running with ``config_dir``, else None; a live process that is not is logged as a warning.
+    """
+    proc, problem = _recorded_daemon(pidfile, daemon, config_dir)
+    if problem:
+        log.warning("Not trusting %s: %s", pidfile, problem)
+    return proc.pid if proc else None
+
+
+def _recorded_daemon(pidfile, daemon, config_dir):
+    """
+    ``(process, None)`` when ``pidfile`` names a verified ``daemon`` of ``config_dir``;
+    ``(None, why)`` when it names a live process that is not; ``(None, None)`` when none runs.
+    """
+    pid = read_pid(pidfile)
+    if pid is None:
+        return None, None
+    try:
+        proc = psutil.Process(pid)
+        problem = _identity_problem(proc, pidfile, daemon, config_dir)
+    except psutil.NoSuchProcess:
+        return None, None
+    except (OSError, psutil.Error) as exc:
+        problem = f"cannot inspect pid {pid}: {exc}"
+    if problem and not _pid_alive(pid):
+        return None, None  # it exited while we looked (a zombie shows no command line)
+    return (None, problem) if problem else (proc, None)
+
+
+def _identity_problem(proc, pidfile, daemon, config_dir):
+    """
+    Why ``proc`` is not the ``daemon`` of ``config_dir`` that wrote ``pidfile``; None if it is.
+    """
+    argv = proc.cmdline()
+    # "/x/bin/salt-master ..." or "python /x/bin/salt-master ...", or the launcher script
+    # pytest-salt-factories writes for it (cli_salt_master.py).
+    names = {daemon, f"cli_{daemon.replace('-', '_')}.py"}
+    script = next((i for i, arg in enumerate(argv[:2]) if os.path.basename(arg) in names), None)
+    if script is None:
+        return f"pid {proc.pid} is not {daemon}: it runs {argv[:2]}"
+    running = _option_value(argv[script + 1 :], "-c", "--config-dir")
+    if running is None:
+        running = proc.environ().get("SALT_CONFIG_DIR") or salt.syspaths.CONFIG_DIR
+    if not os.path.isabs(running):
+        running = os.path.join(proc.cwd(), running)
+    if os.path.realpath(running) != os.path.realpath(config_dir):
+        return f"pid {proc.pid} is {daemon} of {running}, not of {config_dir}"
+    if proc.create_time() > os.stat(pidfile).st_mtime + PIDFILE_SLACK:
+        # A process that got the pid later cannot have written the pidfile.
+        return f"pid {proc.pid} started after {pidfile} was written (a reused pid)"
+    return None
+
+
+def _option_value(argv, short, long):
+    """
+    The value of option ``short``/``long`` in ``argv`` (``-x V``, ``-xV``, ``--long V``,
+    ``--long=V``), the last one winning as in Salt's option parser; None when absent.
+    """
+    value = None
+    args = iter(argv)
+    for arg in args:
+        if arg in (short, long):
+            value = next(args, None)  # consumed: never read as an option itself
+        elif arg.startswith(long + "="):
+            value = arg[len(long) + 1 :]
+        elif arg.startswith(short) and not arg.startswith("--"):
+            value = arg[len(short) :]
+    return value
+
+
+def _create_time(proc):
+    """
+    When ``proc`` started, in seconds since boot: with its pid, it identifies the process, and
+    unlike ``proc.create_time()`` it does not move when the clock is set.
+    """
+    return round(proc.create_time() - psutil.boot_time(), 3)
+
+
+def _alive(proc):
+    """
+    True while ``proc`` runs. A zombie has exited: its parent (a test runner, a container's
+    pid 1) may just never reap it, and Salt would still count it as running.
+    """
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _pid_alive(pid):
+    try:
+        return _alive(psutil.Process(pid))
+    except psutil.Error:
+        return False
 
 
 def systemd_service_of(pid, service):
@@ -98,106 +208,153 @@ def systemd_service_of(pid, service):
     return service if out == str(pid) else None
 
 
-def daemon_cmdline(pid):
-    """
-    The command line that restarts process ``pid`` as a background daemon (adds ``-d``).
-    """
-    proc = psutil.Process(pid)
-    if pid == os.getpid() or pid in {parent.pid for parent in psutil.Process().parents()}:
-        # Restarting the daemon this job runs in: its exact argv, untouched by process titles.
-        cmdline = [sys.executable, *sys.orig_argv[1:]]
-    else:
-        cmdline = proc.cmdline()
-        # Salt appends process titles ("MainProcess", "MultiMinionProcessManager", ...) over argv.
-        while len(cmdline) > 2 and _PROCTITLE_RE.fullmatch(cmdline[-1]):
-            cmdline.pop()
-    if "-d" not in cmdline and "--daemon" not in cmdline:
-        cmdline.append("-d")
-    return cmdline, proc.cwd()
+# --- what to run -----------------------------------------------------------------------------
 
 
-def schedule_restart(pidfile, service, wait_pid=None, delay=0.0, wait_timeout=600):
+def daemon_command(daemon, config_dir, pid=None):
     """
-    Restart the daemon recorded in ``pidfile`` from a detached process once ``wait_pid`` has ended.
+    ``[<daemon script of this Salt install>, "-c", config_dir, "-d"]``, plus ``["-l", LEVEL]``
+    when the running ``pid`` was given a log level Salt knows; nothing else is taken from it.
+    """
+    command = [_daemon_script(daemon), "-c", config_dir, "-d"]
+    level = _log_level(pid) if pid else None
+    return command + ["-l", level] if level else command
 
-    Returns a dict describing what was scheduled; ``{"scheduled": False, ...}`` when no such
-    daemon runs (image builds, ``salt-call --local`` on a host without the service).
+
+def _daemon_script(daemon):
     """
-    pid = read_pid(pidfile)
-    if pid is None:
-        return {"scheduled": False, "reason": f"no running daemon recorded in {pidfile}"}
-    if wait_pid == pid:
-        # The job runs inside the daemon itself (multiprocessing off): a delay is all we can do.
-        wait_pid, delay = None, max(delay, 5.0)
-    unit = systemd_service_of(pid, service)
-    cmdline, cwd = daemon_cmdline(pid)
-    spec = {
-        "pid": pid,
-        "pidfile": pidfile,
-        "wait_pid": wait_pid,
-        "wait_timeout": wait_timeout,
-        "stop_timeout": 30,
-        "delay": delay,
-        "service": unit,
-        "cmdline": cmdline,
-        "cwd": cwd,
-    }
+    The ``daemon`` script next to this interpreter (a virtualenv's or pip install's bin dir),
+    else the one on PATH.
+    """
+    beside = os.path.join(os.path.dirname(sys.executable), daemon)
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which(daemon)
+    if not found:
+        raise CommandExecutionError(f"no {daemon} script next to {sys.executable} or on PATH")
+    return found
+
+
+def _log_level(pid):
+    """
+    The log level ``pid`` was started with, if it is one of Salt's (so never a stray flag).
+    """
+    try:
+        level = _option_value(psutil.Process(pid).cmdline(), "-l", "--log-level")
+    except psutil.Error:
+        return None
+    return level if level in salt._logging.LOG_LEVELS else None
+
+
+def _spawn(argv):
+    """
+    Start ``argv`` detached from this process: own session, from ``/``, no inherited stdio.
+    """
     subprocess.Popen(
-        [sys.executable, "-c", _WATCHER, json.dumps(spec)],
+        argv,
+        cwd="/",
         start_new_session=True,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         close_fds=True,
     )
-    how = f"systemctl restart {unit}" if unit else " ".join(cmdline)
-    return {"scheduled": True, "pid": pid, "how": how}
 
 
-def stop_now(pidfile, service, timeout=30):
+# --- stop, start, restart --------------------------------------------------------------------
+
+
+def stop_now(pidfile, service, daemon, config_dir, timeout=30):
     """
-    Stop the daemon recorded in ``pidfile`` and wait until it is gone. Returns how to start it
-    again: ``{"was_running", "service", "cmdline", "cwd"}``.
+    Stop the ``daemon`` of ``config_dir`` recorded in ``pidfile`` and wait until it is gone.
+    Returns how to start it again: ``{"was_running", "service", "pid", "command"}``.
+
+    A pidfile naming a live process that is not that daemon raises CommandExecutionError:
+    that process is not signalled, and someone must look at it.
     """
-    pid = read_pid(pidfile)
-    if pid is None:
-        return {"was_running": False, "service": None, "cmdline": None, "cwd": None}
-    unit = systemd_service_of(pid, service)
-    cmdline, cwd = daemon_cmdline(pid)
+    proc, problem = _recorded_daemon(pidfile, daemon, config_dir)
+    if problem:
+        raise CommandExecutionError(f"{pidfile}: {problem}; not stopping it, check it by hand")
+    if proc is None:
+        return {"was_running": False, "service": None, "pid": None, "command": None}
+    unit = systemd_service_of(proc.pid, service)
+    # Built before stopping: a daemon that could not be started again is left running.
+    command = None if unit else daemon_command(daemon, config_dir, proc.pid)
     if unit:
         subprocess.run(["systemctl", "stop", unit], check=False, timeout=timeout)
+    elif not _stop(proc, pidfile, timeout):
+        raise CommandExecutionError(f"{daemon} pid {proc.pid} did not exit, even on SIGKILL")
+    return {"was_running": True, "service": unit, "pid": proc.pid, "command": command}
+
+
+def start_now(stopped, daemon, config_dir):
+    """
+    Start a daemon stopped by ``stop_now`` the way it ran; as ``daemon_command`` when it was not
+    running at all.
+    """
+    if stopped["service"]:
+        subprocess.run(["systemctl", "start", stopped["service"]], check=False, timeout=60)
     else:
-        proc = psutil.Process(pid)
-        proc.terminate()
-        if not _wait_gone(proc, timeout):
-            proc.kill()
-            _wait_gone(proc, 10)
-        _clear_stale_pidfiles(pidfile, pid)
-    return {"was_running": True, "service": unit, "cmdline": cmdline, "cwd": cwd}
+        _spawn(stopped["command"] or daemon_command(daemon, config_dir))
 
 
-def _wait_gone(proc, timeout):
+def schedule_restart(
+    pidfile, service, daemon, config_dir, wait_pid=None, delay=0.0, wait_timeout=600
+):
     """
-    True once ``proc`` has exited. A zombie has exited: its parent (a test runner, a container's
-    pid 1) may never reap it, and ``psutil.Process.wait`` would wait for that.
-    """
-    import time
+    Restart the ``daemon`` of ``config_dir`` recorded in ``pidfile`` from a detached watcher once
+    ``wait_pid`` has ended (or ``wait_timeout`` seconds passed), ``delay`` seconds later.
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
+    Returns a dict describing what was scheduled; ``{"scheduled": False, "reason": ...}`` when
+    no verified daemon runs (image builds, ``salt-call --local`` on a host without the service).
+    """
+    proc, problem = _recorded_daemon(pidfile, daemon, config_dir)
+    if proc is None:
+        if problem:
+            log.warning("Not restarting from %s: %s", pidfile, problem)
+        reason = f"{pidfile}: {problem}" if problem else f"no running daemon recorded in {pidfile}"
+        return {"scheduled": False, "reason": reason}
+    if wait_pid == proc.pid:
+        # The job runs inside the daemon itself (multiprocessing off): a delay is all we can do.
+        wait_pid, delay = None, max(delay, 5.0)
+    unit = systemd_service_of(proc.pid, service)
+    command = None if unit else daemon_command(daemon, config_dir, proc.pid)
+    spec = {
+        "pid": proc.pid,
+        "create_time": _create_time(proc),
+        "pidfile": pidfile,
+        "wait_pid": wait_pid,
+        "wait_timeout": wait_timeout,
+        "stop_timeout": 30,
+        "delay": delay,
+        "service": unit,
+        "command": command,
+    }
+    _spawn([sys.executable, os.path.abspath(__file__), json.dumps(spec)])
+    how = f"systemctl restart {unit}" if unit else " ".join(command)
+    return {"scheduled": True, "pid": proc.pid, "how": how}
+
+
+def _stop(proc, pidfile, timeout):
+    """
+    SIGTERM ``proc``, SIGKILL it after ``timeout`` seconds, then clear the pidfiles naming it.
+    False when it survived both.
+    """
+    for send, wait in ((proc.terminate, timeout), (proc.kill, KILL_TIMEOUT)):
+        # psutil refuses to signal a pid that now belongs to another process (NoSuchProcess).
+        with contextlib.suppress(psutil.NoSuchProcess):
+            send()
+        if wait_for(lambda: not _alive(proc), wait):
+            _clear_stale_pidfiles(pidfile, proc.pid)
             return True
-        time.sleep(0.2)
     return False
 
 
 def _clear_stale_pidfiles(pidfile, pid):
     """
     Remove the pidfile and ``process_responsibility_`` file naming the stopped ``pid``: Salt
-    counts an unreaped zombie as a running instance and would refuse to start.
+    counts an unreaped zombie (or a pid reused since) as a running instance and would refuse to
+    start.
     """
     pid_dir, pid_name = os.path.split(pidfile)
     for path in (pidfile, os.path.join(pid_dir, "process_responsibility_" + pid_name)):
@@ -210,37 +367,41 @@ def _clear_stale_pidfiles(pidfile, pid):
             pass
 
 
-def start_now(stopped, default_cmdline):
-    """
-    Start a daemon stopped by ``stop_now`` the way it ran (``default_cmdline`` when it was not
-    running at all).
-    """
-    if stopped["service"]:
-        subprocess.run(["systemctl", "start", stopped["service"]], check=False, timeout=60)
-        return
-    subprocess.Popen(
-        stopped["cmdline"] or default_cmdline,
-        cwd=stopped["cwd"] or "/",
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        close_fds=True,
-    )
+# --- the watcher -----------------------------------------------------------------------------
 
 
-def wait_port(host, port, timeout):
+def main(argv):
     """
-    True once ``host:port`` accepts TCP connections, False after ``timeout`` seconds.
+    The detached watcher started by ``schedule_restart``: ``argv`` is its JSON spec. Waits for
+    the job, then restarts the recorded daemon if it still is that process. Returns the exit code.
     """
-    import socket
-    import time
+    spec = json.loads(argv[0])
+    if spec["wait_pid"]:
+        wait_for(lambda: not _pid_alive(spec["wait_pid"]), spec["wait_timeout"])
+    time.sleep(spec["delay"])
+    if spec["service"]:
+        return subprocess.call(["systemctl", "restart", spec["service"]])
+    proc = _same_process(spec["pid"], spec["create_time"])
+    if proc is None:
+        # The daemon is gone already; a pidfile still naming its pid is stale.
+        _clear_stale_pidfiles(spec["pidfile"], spec["pid"])
+    elif not _stop(proc, spec["pidfile"], spec["stop_timeout"]):
+        return 1
+    _spawn(spec["command"])
+    return 0
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=1):
-                return True
-        except OSError:
-            time.sleep(0.2)
-    return False
+
+def _same_process(pid, started):
+    """
+    ``pid``'s process if it started at ``started`` (see ``_create_time``), else None: a pid
+    reused since must not be signalled.
+    """
+    try:
+        proc = psutil.Process(pid)
+        return proc if _create_time(proc) == started else None
+    except psutil.Error:
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

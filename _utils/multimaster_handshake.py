@@ -1,8 +1,9 @@
 """
 Ask a running master which key it serves, by a real minion sign-in (not a file read).
 
-The sign-in runs with a throw-away pki dir holding this minion's own (accepted) keypair and the
-*intended* master public key as ``minion_master.pub``: the minion encrypts its token to that key,
+The sign-in runs with a throw-away pki dir (0700, in the minion's cachedir, removed after)
+holding this minion's own (accepted) keypair and the *intended* master public key as
+``minion_master.pub``: the minion encrypts its token to that key,
 so the sign-in only succeeds if the master holds the matching private key and serves the same
 public key. With ``sign_pub``, the master's signature over its public key is checked as well
 (failover with ``master_sign_pubkey``).
@@ -17,8 +18,17 @@ import salt.crypt
 import salt.utils.files
 
 
+def _private_dir(minion_opts):
+    """
+    A fresh 0700 directory under the minion's own cachedir (root-only), not in a shared /tmp.
+    """
+    parent = os.path.join(minion_opts["cachedir"], "multimaster")
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    return tempfile.mkdtemp(prefix="handshake-", dir=parent)
+
+
 def _sign_in(minion_opts, host, port, master_pub=None, sign_pub=None, timeout=10):
-    pki = tempfile.mkdtemp(prefix="mm-handshake-")
+    pki = _private_dir(minion_opts)
     try:
         for name in ("minion.pem", "minion.pub"):
             shutil.copy2(os.path.join(minion_opts["pki_dir"], name), os.path.join(pki, name))

@@ -1,19 +1,34 @@
 """
 A master's key store as seen from its host (the control minion): read the inventory, apply key
-actions crash-safely, read and install master keys, request AES rotation.
+actions crash-safely under a lock, read and install master keys, request AES rotation.
 
 Keys go through ``salt.cache.Cache(opts, driver=opts["keys.cache_driver"])`` like Salt's own
-``salt-key``. One exception, for the default ``localfs_key`` driver's minion keys: its ``store``
-first deletes the id from every state dir and then writes a temp file inside the state dir, so a
-crash can lose the id or leave ``minions_pre/tmpXXXX`` that ``salt-key`` lists as a minion. Here
-the new state is written first (temp file outside the state dirs, fsync, rename) and the old ones
-are removed after; a crash leaves the id in two dirs, where Salt's priority (rejected > pending >
+``salt-key``. One exception, for the default ``localfs_key`` driver: its ``store`` first deletes
+the old key and then writes a temp file inside the target dir, so a crash can lose the key or
+leave ``minions_pre/tmpXXXX`` that ``salt-key`` lists as a minion. Here the new file is staged in
+a private temp dir (``.multimaster-tmp``), made durable, renamed into place, and only then are the
+old states removed; a crash leaves the id in two dirs, where Salt's priority (rejected > pending >
 accepted) keeps the safer one, and ``repair`` finishes the job on the next run.
+
+Every write, repair and master key install holds the store's lock (``locked``): two runs (two
+operators, reactors on several masters) cannot delete each other's staged files or undo each
+other's compare-and-set. Salt's own ``salt-key`` takes no lock, so an accept also re-checks at
+write time that no rejection or denial of the key landed after the plan.
+
+Reads never follow a symlinked state dir or key file and never return what is not one public
+key PEM: a state dir pointing at ``/etc`` is reported (``store_problems``), not read.
 """
 
+import contextlib
+import errno
+import fcntl
+import logging
 import os
+import stat
 import tempfile
+import time
 
+import cryptography.exceptions
 import multimaster_ids
 import multimaster_keys
 import salt.cache
@@ -22,11 +37,26 @@ import salt.crypt
 import salt.utils.user
 from salt.exceptions import CommandExecutionError
 
+log = logging.getLogger(__name__)
+
 STATE_DIRS = {"accepted": "minions", "pending": "minions_pre", "rejected": "minions_rejected"}
 DENIED_DIR = "minions_denied"
 # Salt's reading order: the first dir that holds an id wins.
 PRIORITY = ("minions_rejected", "minions_pre", "minions")
 TMP_DIR = ".multimaster-tmp"
+LOCK_FILE = ".multimaster.lock"
+# A public key PEM is under 2 KiB: a larger file is not a key and is never read whole.
+MAX_KEY_BYTES = 16 * 1024
+# What each key action leaves in the store (None: no key at all).
+TARGET_STATE = {
+    "accept": "accepted",
+    "pend": "pending",
+    "reject": "rejected",
+    "deny": "denied",
+    "delete": None,
+}
+# States a rejection overrides (Salt's priority): writing them never removes a rejected key.
+_SOFT_STATES = ("accepted", "pending")
 
 
 def master_opts(config_dir):
@@ -58,11 +88,68 @@ def master_key_name(mopts):
     return mopts["id"].removesuffix("_master")
 
 
+# --- lock ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def locked(mopts, timeout=60):
+    """
+    Hold the exclusive lock of this master's key store (``<pki>/.multimaster.lock``, pki being
+    ``cluster_pki_dir`` in a cluster) while the block runs; yields the lock file's path. Raises
+    ``CommandExecutionError`` naming the lock file when another run holds it for more than
+    ``timeout`` seconds. Not re-entrant: a second ``locked`` in the same run waits for itself.
+    """
+    path = os.path.join(_pki(mopts), LOCK_FILE)
+    fd = _open_lock(path)
+    try:
+        _flock(fd, path, timeout)
+        yield path
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _open_lock(path):
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    # O_NOFOLLOW: a planted link must not make us create or lock another file.
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise CommandExecutionError(
+            f"cannot open the key store lock {path} (never through a link): {exc.strerror}"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CommandExecutionError(f"the key store lock {path} is not a regular file")
+    return fd
+
+
+def _flock(fd, path, timeout):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise CommandExecutionError(
+                    f"another run holds the key store lock {path}; gave up after {timeout}s"
+                ) from None
+            time.sleep(0.05)
+
+
+# --- inventory -------------------------------------------------------------------------------
+
+
 def inventory(mopts, with_pubs=False, ids=None, fp_cache=None):
     """
     ``{id: entry}`` (entry as in ``multimaster_keys.plan``) and, with ``with_pubs``, the PEMs as
     ``{id: {"key": pem, "denied": pem}}``. ``ids`` (a set, or a predicate on the id) limits the
     result to those ids.
+
+    A file that is not one public key PEM (or is larger than ``MAX_KEY_BYTES``) is listed with
+    fingerprint None and its content is never returned. A state dir that is a symbolic link is
+    not read (see ``store_problems``); key files are never read through a link.
 
     ``fp_cache`` (localfs_key only): a ``FingerprintCache`` the caller keeps between runs.
     """
@@ -73,11 +160,11 @@ def inventory(mopts, with_pubs=False, ids=None, fp_cache=None):
     entries, pubs = {}, {}
     for minion_id, (state, fp, pem) in keys.items():
         entries[minion_id] = [state, fp]
-        if with_pubs:
+        if with_pubs and pem is not None:
             pubs[minion_id] = {"key": pem}
     for minion_id, (_, fp, pem) in denied.items():
         entries.setdefault(minion_id, ["denied", None]).append(fp)
-        if with_pubs:
+        if with_pubs and pem is not None:
             pubs.setdefault(minion_id, {})["denied"] = pem
     return entries, pubs
 
@@ -88,26 +175,43 @@ def _wanted(ids):
     return ids if callable(ids) else ids.__contains__
 
 
+def _as_key(text):
+    """
+    ``(fingerprint, pem)`` of ``text``, or ``(None, None)`` when it is not one public key PEM of
+    at most ``MAX_KEY_BYTES``: nothing else is ever returned.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if not isinstance(text, str) or len(text) > MAX_KEY_BYTES:
+        return None, None
+    fp = multimaster_keys.fingerprint(text)
+    return fp, text if fp else None
+
+
 def _scan_cache(mopts, ids):
     wanted = _wanted(ids)
     cache = _cache(mopts)
     keys, denied = {}, {}
     for minion_id, data in cache.list_all("keys", include_data=True).items():
         if wanted(minion_id):
-            pem = data["pub"]
-            keys[minion_id] = (data["state"], multimaster_keys.fingerprint(pem), pem)
+            keys[minion_id] = (data["state"], *_as_key(data["pub"]))
     for minion_id in cache.list("denied_keys"):
         if wanted(minion_id):
             pems = cache.fetch("denied_keys", minion_id) or []
             if pems:
-                denied[minion_id] = ("denied", multimaster_keys.fingerprint(pems[0]), pems[0])
+                denied[minion_id] = ("denied", *_as_key(pems[0]))
     return keys, denied
+
+
+def _stamp(st):
+    # ctime too: a rewrite in place that restores mtime and size (os.utime) still moves ctime.
+    return [st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size]
 
 
 class FingerprintCache:
     """
-    Fingerprints of key files by ``[inode, mtime_ns, size]``, carried between runs by the
-    caller: a file whose stamp is unchanged is not read again (public data only).
+    Fingerprints of key files by ``[inode, mtime_ns, ctime_ns, size]``, carried between runs by
+    the caller: a file whose stamp is unchanged is not read again (public data only).
     """
 
     def __init__(self, known=None):
@@ -115,47 +219,85 @@ class FingerprintCache:
         self.seen = {}
         self.reads = 0
 
-    def fingerprint(self, path, stamp):
+    def fingerprint(self, path, stamp, read=None):
+        """
+        The fingerprint of the key file at ``path`` whose stamp is ``stamp``, read (by ``read()``
+        returning ``(fp, pem)``; default: opening ``path``, never through a link) only when the
+        stamp differs from the known one.
+        """
         cached = self.known.get(path)
-        if cached and list(cached[:3]) == stamp:
-            fp = cached[3]
+        if cached and list(cached[:-1]) == stamp:
+            fp = cached[-1]
         else:
-            fp = multimaster_keys.fingerprint(_read(path))
+            fp = (read or (lambda: _read_key(path)))()[0]
             self.reads += 1
         self.seen[path] = stamp + [fp]
         return fp
 
     @property
     def changed(self):
+        """
+        True when ``seen`` differs from ``known`` (worth saving for the next run).
+        """
         return self.reads > 0 or len(self.seen) != len(self.known)
 
 
-def _read(path):
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        return handle.read()
+def _read_key(path, dir_fd=None):
+    """
+    ``_as_key`` of the regular file ``path`` (relative to ``dir_fd`` if given): never through a
+    link, never more than ``MAX_KEY_BYTES`` + 1 bytes read.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None, None
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, None
+        return _as_key(handle.read(MAX_KEY_BYTES + 1))
+
+
+def _key_entries(path):
+    """
+    ``(entry, dir_fd)`` for the regular, non-dot files of state dir ``path`` (what localfs_key
+    reads). Nothing for a missing dir; a symlinked one is never followed (a warning).
+    """
+    try:
+        dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        log.warning("multimaster: %s is not a directory (a link?); its keys are not read", path)
+        return
+    try:
+        with os.scandir(dir_fd) as entries:
+            for entry in entries:
+                if not entry.name.startswith(".") and entry.is_file(follow_symlinks=False):
+                    yield entry, dir_fd
+    finally:
+        os.close(dir_fd)
 
 
 def _read_dir(path, state, ids, with_pubs, fp_cache):
     wanted = _wanted(ids)
     found = {}
-    try:
-        entries = os.scandir(path)
-    except FileNotFoundError:
-        return found
-    with entries:
-        for entry in entries:
-            # What Salt's localfs_key reads: regular files, no dotfiles.
-            if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
-                continue
-            if not wanted(entry.name):
-                continue
-            if with_pubs or fp_cache is None:
-                pem = _read(entry.path)
-                found[entry.name] = (state, multimaster_keys.fingerprint(pem), pem)
-                continue
-            st = entry.stat(follow_symlinks=False)
-            stamp = [st.st_ino, st.st_mtime_ns, st.st_size]
-            found[entry.name] = (state, fp_cache.fingerprint(entry.path, stamp), None)
+    for entry, dir_fd in _key_entries(path):
+        if not wanted(entry.name):
+            continue
+        if with_pubs or fp_cache is None:
+            found[entry.name] = (state, *_read_key(entry.name, dir_fd))
+            continue
+        fp = fp_cache.fingerprint(
+            os.path.join(path, entry.name),
+            _stamp(entry.stat(follow_symlinks=False)),
+            lambda name=entry.name, fd=dir_fd: _read_key(name, fd),
+        )
+        found[entry.name] = (state, fp, None)
     return found
 
 
@@ -172,49 +314,101 @@ def _scan_localfs(pki, ids, with_pubs, fp_cache):
     return keys, denied
 
 
+def store_problems(mopts):
+    """
+    Why this master's key store cannot be fully read or written, as sentences (``[]`` when
+    fine): a state dir that is a symbolic link or not a directory. Its keys are left out of
+    the inventory and nothing is written to the store until it is fixed. localfs_key only.
+    """
+    if not _localfs(mopts):
+        return []
+    problems = []
+    for name in (*PRIORITY, DENIED_DIR):
+        path = os.path.join(_pki(mopts), name)
+        if os.path.islink(path):
+            problems.append(
+                f"{path} is a symbolic link (to {os.readlink(path)}): its keys are not read and "
+                "nothing is written; make it a directory"
+            )
+        elif os.path.lexists(path) and not os.path.isdir(path):
+            problems.append(f"{path} is not a directory: its keys are not read")
+    return problems
+
+
+def _check_store(mopts):
+    problems = store_problems(mopts)
+    if problems:
+        raise CommandExecutionError("; ".join(problems))
+
+
+# --- repair ----------------------------------------------------------------------------------
+
+
+def _tmp_dirs(mopts):
+    # The store's, and pki_dir's where master keys are staged (a cluster store lives elsewhere).
+    return sorted({os.path.join(_pki(mopts), TMP_DIR), os.path.join(mopts["pki_dir"], TMP_DIR)})
+
+
+def _real_dir(path):
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
 def repair_needed(mopts):
     """
     True when an interrupted run left temp files or an id in more than one state dir.
     """
     if not _localfs(mopts):
         return False
-    pki = _pki(mopts)
-    tmp = os.path.join(pki, TMP_DIR)
-    return bool(os.path.isdir(tmp) and os.listdir(tmp)) or bool(_multi_state_ids(pki))
+    staged = any(_real_dir(tmp) and os.listdir(tmp) for tmp in _tmp_dirs(mopts))
+    return staged or bool(_multi_state_ids(_pki(mopts)))
 
 
 def _multi_state_ids(pki):
     seen, multi = set(), set()
     for name in PRIORITY:
-        path = os.path.join(pki, name)
-        if os.path.isdir(path):
-            for minion_id in os.listdir(path):
-                (multi if minion_id in seen else seen).add(minion_id)
+        for entry, _ in _key_entries(os.path.join(pki, name)):
+            (multi if entry.name in seen else seen).add(entry.name)
     return multi
 
 
 def repair(mopts):
     """
-    Remove temp files of an interrupted run and leave every id in the one state Salt reads.
-    Returns the ids that were repaired.
+    Under the store lock: remove temp files of an interrupted run and leave every id in the one
+    state Salt reads (rejected > pending > accepted). Returns the ids that were repaired.
     """
+    with locked(mopts):
+        return _repair(mopts)
+
+
+def _repair(mopts):
     if not _localfs(mopts):
         return []
+    # Safe only under the lock: every staged file of a live run is renamed before it lets go.
+    for tmp in _tmp_dirs(mopts):
+        if _real_dir(tmp):
+            for name in os.listdir(tmp):
+                os.unlink(os.path.join(tmp, name))
     pki = _pki(mopts)
-    tmp = os.path.join(pki, TMP_DIR)
-    if os.path.isdir(tmp):
-        for name in os.listdir(tmp):
-            os.unlink(os.path.join(tmp, name))
     multi = sorted(_multi_state_ids(pki))
     for minion_id in multi:
         kept = False
         for name in PRIORITY:
             path = os.path.join(pki, name, minion_id)
-            if os.path.isfile(path):
+            if _is_regular(path):
                 if kept:
                     os.unlink(path)
                 kept = True
     return multi
+
+
+# --- writes ----------------------------------------------------------------------------------
+
+
+def _is_regular(path):
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def _fsync_dir(path):
@@ -225,49 +419,144 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def _stage(pki, user, pem):
+def _private_dir(path):
     """
-    Write ``pem`` to a temp file outside the state dirs (same filesystem) and return its path.
+    ``path`` as a real directory only its owner can enter (it also stages private keys).
     """
-    tmp_dir = os.path.join(pki, TMP_DIR)
-    os.makedirs(tmp_dir, mode=0o700, exist_ok=True)
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise CommandExecutionError(f"{path} is not a directory")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
+
+
+def _uid(mopts):
+    user = mopts.get("user")
+    return salt.utils.user.get_uid(user) if user else None
+
+
+def _stage(tmp_dir, text, uid, mode=0o600, sync=False):
+    """
+    Write ``text`` to a new file in ``tmp_dir`` (same filesystem as its target: the rename is
+    atomic) with ``mode``, owned by ``uid``; returns its path.
+    """
     fd, tmp = tempfile.mkstemp(dir=tmp_dir)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(pem.encode())
-    uid = salt.utils.user.get_uid(user) if user else None
-    if uid is not None:
-        os.chown(tmp, uid, -1)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode())
+            os.fchmod(fd, mode)
+            if uid is not None:
+                os.fchown(fd, uid, -1)
+            if sync:
+                handle.flush()
+                os.fsync(fd)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     return tmp
 
 
+def _discard(paths):
+    for path in paths:
+        if path and os.path.lexists(path):
+            os.unlink(path)
+
+
 def _others(state):
+    """
+    The dirs a write of ``state`` clears for the id: none for a denied key (it sits beside),
+    every dir for None, and never a rejected key for accepted or pending.
+    """
     if state == "denied":
         return []
     if state is None:
-        return list(STATE_DIRS.values()) + [DENIED_DIR]
-    return [d for s, d in STATE_DIRS.items() if s != state]
+        return [*STATE_DIRS.values(), DENIED_DIR]
+    kept = {state, "rejected"} if state in _SOFT_STATES else {state}
+    return [d for s, d in STATE_DIRS.items() if s not in kept]
+
+
+def _blocked(state, pem, rejected, denied_fp):
+    """
+    Why writing ``state`` must not go ahead, or None: a rejected key (``salt-key -r`` after the
+    plan) blocks accepting and pending it; a denied copy of this very key blocks accepting it
+    (deny wins). A denied key that differs is a spoof record and blocks nothing.
+    """
+    if state in _SOFT_STATES and rejected:
+        return "rejected after the plan"
+    if state == "accepted" and denied_fp and denied_fp == multimaster_keys.fingerprint(pem):
+        return "denied after the plan"
+    return None
+
+
+def _blocked_file(pki, minion_id, state, pem):
+    if state not in _SOFT_STATES:
+        return None
+    denied = os.path.join(pki, DENIED_DIR, minion_id)
+    return _blocked(
+        state,
+        pem,
+        _is_regular(os.path.join(pki, STATE_DIRS["rejected"], minion_id)),
+        _read_key(denied)[0] if _is_regular(denied) else None,
+    )
+
+
+def _check_ids(changes):
+    for minion_id, _, _ in changes:
+        multimaster_ids.check_id(minion_id, "minion id")
 
 
 def write(mopts, changes):
     """
-    Apply ``changes``, a list of ``(minion_id, state, pem)``: state accepted, pending or rejected
-    (the id ends up in that state only), denied (a denied key beside whatever the id holds), or
-    None (every key of the id is removed). PEMs must already be canonical and checked.
+    Under the store lock, apply ``changes``, a list of ``(minion_id, state, pem)``: state
+    accepted, pending or rejected (the id ends up in that state only, except that a rejected
+    key is never removed by accepting or pending), denied (a denied key beside whatever the id
+    holds), or None (every key of the id is removed). PEMs must already be canonical and checked.
+
+    An accept or pend is skipped when the id is rejected at write time, an accept also when
+    this very key is denied. Returns the skipped changes as ``[{"id", "state", "reason"}]``.
 
     localfs_key: every new file is staged and made durable by one sync before any rename, then
     renamed into place and the id's other states removed (a crash leaves at most temp files and
     an id in two dirs, both handled by ``repair``). Other drivers go through the key cache.
     """
-    for minion_id, _, _ in changes:
-        multimaster_ids.check_id(minion_id, "minion id")
+    _check_ids(changes)
+    with locked(mopts):
+        skipped = _write(mopts, changes)
+    return [
+        {"id": changes[i][0], "state": changes[i][1], "reason": reason}
+        for i, reason in sorted(skipped.items())
+    ]
+
+
+def _write(mopts, changes):
+    """
+    ``write`` without the lock and the id checks; returns ``{index in changes: reason}`` of the
+    skipped ones.
+    """
     if not _localfs(mopts):
-        _write_cache(mopts, changes)
-        return
+        return _write_cache(mopts, changes)
+    _check_store(mopts)
     pki = _pki(mopts)
-    staged = [_stage(pki, mopts.get("user"), pem) if state else None for _, state, pem in changes]
-    os.sync()
-    touched = set()
-    for (minion_id, state, _), tmp in zip(changes, staged, strict=True):
+    tmp_dir, uid = _private_dir(os.path.join(pki, TMP_DIR)), _uid(mopts)
+    staged = []
+    try:
+        for _, state, pem in changes:
+            staged.append(_stage(tmp_dir, pem, uid) if state else None)
+        os.sync()
+        return _move_all(pki, changes, staged)
+    finally:
+        _discard(staged)
+
+
+def _move_all(pki, changes, staged):
+    skipped, touched = {}, set()
+    for index, ((minion_id, state, pem), tmp) in enumerate(zip(changes, staged, strict=True)):
+        reason = _blocked_file(pki, minion_id, state, pem)
+        if reason:
+            skipped[index] = reason
+            continue
         if state:
             target = STATE_DIRS.get(state, DENIED_DIR)
             os.makedirs(os.path.join(pki, target), mode=0o750, exist_ok=True)
@@ -280,18 +569,106 @@ def write(mopts, changes):
                 touched.add(other)
     for name in touched:
         _fsync_dir(os.path.join(pki, name))
+    return skipped
 
 
 def _write_cache(mopts, changes):
     cache = _cache(mopts)
-    for minion_id, state, pem in changes:
-        if state == "denied":
+    skipped = {}
+    for index, (minion_id, state, pem) in enumerate(changes):
+        reason = _blocked_cache(cache, minion_id, state, pem)
+        if reason:
+            skipped[index] = reason
+        elif state == "denied":
             cache.store("denied_keys", minion_id, [pem])
         elif state:
             cache.store("keys", minion_id, {"state": state, "pub": pem})
         else:
             cache.flush("keys", minion_id)
             cache.flush("denied_keys", minion_id)
+    return skipped
+
+
+def _blocked_cache(cache, minion_id, state, pem):
+    if state not in _SOFT_STATES:
+        return None
+    held = cache.fetch("keys", minion_id) or {}
+    denied = cache.fetch("denied_keys", minion_id) or [None]
+    return _blocked(state, pem, held.get("state") == "rejected", _as_key(denied[0])[0])
+
+
+# --- key actions -----------------------------------------------------------------------------
+
+
+def apply_actions(mopts, checked):
+    """
+    Apply planned key actions with compare-and-set, all under the store lock. ``checked`` is a
+    list of ``(action, pem)``: action ``{"id", "op" (accept|pend|reject|deny|delete), "fp",
+    "expect"}`` and pem the already validated canonical PEM (None for delete).
+
+    Repairs what an interrupted run left, reads the current entries of those ids, skips every
+    action whose id's entry is no longer ``expect`` (compared as lists), writes the rest (an
+    accept is still skipped when the key is rejected or denied at write time), and rotates the
+    AES key when an accepted key was rejected or deleted.
+
+    Returns ``{"done": [{"id", "op"}], "skipped": [{"id", "op", "reason"}], "repaired": [id],
+    "rotated": bool}``.
+    """
+    changes = [_change(action, pem) for action, pem in checked]
+    _check_ids(changes)
+    with locked(mopts):
+        _check_store(mopts)
+        repaired = _repair(mopts)
+        current, _ = inventory(mopts, ids={minion_id for minion_id, _, _ in changes})
+        todo, skipped = _as_planned(checked, changes, current)
+        blocked = _write(mopts, [change for _, change, _ in todo])
+        done = [item for index, item in enumerate(todo) if index not in blocked]
+        skipped += [_skip(todo[index][0], reason) for index, reason in sorted(blocked.items())]
+        rotated = any(_revokes(action["op"], held) for action, _, held in done)
+        if rotated:
+            rotate_aes(mopts)
+    return {
+        "done": [{"id": action["id"], "op": action["op"]} for action, _, _ in done],
+        "skipped": skipped,
+        "repaired": repaired,
+        "rotated": rotated,
+    }
+
+
+def _change(action, pem):
+    if action.get("op") not in TARGET_STATE:
+        raise CommandExecutionError(f"unknown key action {action.get('op')!r}")
+    return action.get("id"), TARGET_STATE[action["op"]], pem
+
+
+def _as_planned(checked, changes, current):
+    """
+    ``([(action, change, held)], skipped)``: the actions whose id still holds the planned entry.
+    """
+    todo, skipped = [], []
+    for (action, _), change in zip(checked, changes, strict=True):
+        held = current.get(action["id"])
+        if _wire(held) != _wire(action.get("expect")):
+            skipped.append(_skip(action, f"changed since planned: {held}"))
+        else:
+            todo.append((action, change, held))
+    return todo, skipped
+
+
+def _wire(entry):
+    # A denied file that is not a key reads as [state, fp, None]; the planner sends [state, fp].
+    if entry is None:
+        return None
+    entry = list(entry)
+    return entry[:2] if len(entry) == 3 and entry[2] is None else entry
+
+
+def _skip(action, reason):
+    return {"id": action["id"], "op": action["op"], "reason": reason}
+
+
+def _revokes(op, held):
+    return op in ("reject", "delete") and bool(held) and held[0] == "accepted"
 
 
 def rotate_aes(mopts):
@@ -300,6 +677,9 @@ def rotate_aes(mopts):
     decrypting publishes.
     """
     salt.crypt.dropfile(mopts["cachedir"], mopts["user"], mopts["id"])
+
+
+# --- master keys -----------------------------------------------------------------------------
 
 
 def master_key_files(mopts, signing=False):
@@ -327,21 +707,101 @@ def read_master_key(mopts, signing=False, private=False):
     return value
 
 
-def install_master_key(mopts, pem, pub, signing=False):
+def _pair_problem(pem, pub, pem_name, pub_name):
     """
-    Store the pair through the key cache (0400, owned by the master's user). Call it only with
-    the master stopped: a running master keeps its private key in memory.
+    Why ``pub`` is not the public half of private key ``pem``, or None (never shows the key).
+    """
+    if pem is None:
+        return f"{pem_name}: no private key stored"
+    try:
+        private_fp = multimaster_keys.private_key_fingerprint(pem)
+    except (ValueError, TypeError, cryptography.exceptions.UnsupportedAlgorithm):
+        return f"{pem_name}: not a readable unencrypted private key"
+    if pub is None:
+        return (
+            f"{pub_name} is missing (the master serves the public half of {pem_name}): an "
+            "interrupted install; re-run sync_master_key"
+        )
+    fp = multimaster_keys.fingerprint(pub)
+    if fp != private_fp:
+        return f"{pub_name} ({fp or 'not a public key'}) does not match {pem_name} ({private_fp})"
+    return None
+
+
+def master_key_pair_problems(mopts, signing=False):
+    """
+    What is wrong with this master's stored key pair (or signing pair), as sentences: no
+    private key, or a ``.pub`` that is missing or not the public half of the ``.pem``. ``[]``
+    when the pair is consistent.
     """
     pem_name, pub_name = master_key_files(mopts, signing)
-    cache = _cache(mopts)
-    cache.store("master_keys", pem_name, pem)
-    cache.store("master_keys", pub_name, pub)
+    problem = _pair_problem(
+        read_master_key(mopts, signing, private=True),
+        read_master_key(mopts, signing),
+        pem_name,
+        pub_name,
+    )
+    return [problem] if problem else []
+
+
+def install_master_key(mopts, pem, pub, signing=False):
+    """
+    Under the store lock, install the pair (refused unless ``pub`` is the public half of
+    ``pem``). localfs_key: regular 0400 files owned by the master's user, written crash-safely
+    (see ``_install_files``), ``master.pem``/``master.pub`` kept as links to them. Other drivers:
+    through the key cache, in the same order. Call it only with the master stopped: a running
+    master keeps its private key in memory.
+    """
+    pem_name, pub_name = master_key_files(mopts, signing)
+    problem = _pair_problem(pem, pub, pem_name, pub_name)
+    if problem:
+        raise CommandExecutionError(f"refusing to install the master key pair: {problem}")
+    with locked(mopts):
+        if not _localfs(mopts):
+            cache = _cache(mopts)
+            cache.flush("master_keys", pub_name)
+            cache.store("master_keys", pem_name, pem)
+            cache.store("master_keys", pub_name, pub)
+            return
+        _install_files(mopts, (pem_name, pem), (pub_name, pub))
+        if not signing:
+            _link_legacy(mopts["pki_dir"], pem_name, pub_name)
+
+
+def _install_files(mopts, private, public):
+    """
+    Put ``(name, text)`` ``private`` and ``public`` in ``pki_dir`` (where 3008 keeps master keys,
+    also in a cluster), mode 0400 and owner as ``localfs_key`` stores them.
+
+    Order: remove the old .pub, replace the .pem, then put the new .pub. A crash at any step
+    leaves a master that starts with a consistent pair: with no .pub it serves (and stores
+    again) the public half of the .pem it loads (``MasterKeys.get_pub_str``). The other orders
+    are worse: a new .pub beside the old .pem (or the reverse) is served while the master signs
+    with the other key, and a missing .pem makes the master generate a new pair. Each file is
+    staged in the private temp dir and fsync'd, each step is a rename (or unlink) followed by a
+    sync of the dir.
+    """
+    pki = mopts["pki_dir"]
+    tmp_dir, uid = _private_dir(os.path.join(pki, TMP_DIR)), _uid(mopts)
+    staged = []
+    try:
+        for _, text in (private, public):
+            staged.append(_stage(tmp_dir, text, uid, mode=0o400, sync=True))
+        _discard([os.path.join(pki, public[0])])
+        _fsync_dir(pki)
+        for (name, _), tmp in zip((private, public), staged, strict=True):
+            os.replace(tmp, os.path.join(pki, name))
+            _fsync_dir(pki)
+    finally:
+        _discard(staged)
+
+
+def _link_legacy(pki, pem_name, pub_name):
     # 3008 keeps master.pem/.pub as compatibility symlinks to <id>.pem/.pub; plain files left by
     # an older layout would shadow nothing but confuse operators, so leave only links.
-    if not signing and _localfs(mopts):
-        for legacy, current in (("master.pem", pem_name), ("master.pub", pub_name)):
-            path = os.path.join(mopts["pki_dir"], legacy)
-            if os.path.lexists(path) and not os.path.islink(path):
-                os.unlink(path)
-            if not os.path.lexists(path):
-                os.symlink(os.path.join(mopts["pki_dir"], current), path)
+    for legacy, current in (("master.pem", pem_name), ("master.pub", pub_name)):
+        path = os.path.join(pki, legacy)
+        if os.path.lexists(path) and not os.path.islink(path):
+            os.unlink(path)
+        if not os.path.lexists(path):
+            os.symlink(os.path.join(pki, current), path)

@@ -1,14 +1,21 @@
 """
-Seal a secret to one recipient: RSA-OAEP (SHA-256) wraps a fresh AES-256-GCM key that encrypts
-the body, and the sender signs the whole envelope (RSA-PSS, SHA-256).
+Seal a secret, or sign an order, for one recipient control minion, bound to a fresh challenge.
 
-The envelope may travel as a publish argument: without the recipient's private key it is noise,
-and without the sender's signature it is refused. What it carries is never logged or returned.
+A sealed envelope: RSA-OAEP (SHA-256) wraps a fresh AES-256-GCM key that encrypts the body. A
+signed order carries only the SHA-256 digest of the instruction it authorises. Both are signed by
+the sending master (RSA-PSS, SHA-256) together with their *binding*: a single-use challenge the
+recipient issued, the target master id and config dir, and an expiry of minutes. The recipient
+refuses an envelope or order that is not for it, not signed by the master it trusts, bound to
+another target, expired, or whose challenge it never issued or has already consumed: a copy
+found in a job cache, an event or a log cannot be replayed.
 """
 
 import base64
+import hashlib
 import json
 import os
+import re
+import time
 
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
@@ -16,15 +23,21 @@ from cryptography.hazmat.primitives.asymmetric import padding
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from salt.exceptions import CommandExecutionError
 
-VERSION = 1
+VERSION = 2
+# An envelope or order lives for minutes; a recipient refuses one claiming to live longer.
+TTL = 300
+MAX_TTL = 900
 _OAEP = padding.OAEP(mgf=padding.MGF1(hashes.SHA256()), algorithm=hashes.SHA256(), label=None)
 _PSS = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=padding.PSS.MAX_LENGTH)
-_SIGNED = ("v", "purpose", "recipient", "wrapped_key", "nonce", "ciphertext")
+_SEALED = ("v", "purpose", "recipient", "bound", "wrapped_key", "nonce", "ciphertext")
+_ORDER = ("v", "purpose", "recipient", "bound", "digest")
+_CHALLENGE_RE = re.compile(r"[0-9a-f]{64}\Z")
 
 
 class SealError(CommandExecutionError):
     """
-    The envelope is not for us, was tampered with, or was not signed by the expected sender.
+    The envelope or order is not for us, was tampered with, replayed, expired, or was not
+    signed by the expected sender.
     """
 
 
@@ -32,61 +45,190 @@ def _b64(data):
     return base64.b64encode(data).decode()
 
 
-def _signed_bytes(envelope):
-    return json.dumps({k: envelope[k] for k in _SIGNED}, sort_keys=True).encode()
+def _canonical(data):
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
-def seal(body, purpose, recipient, recipient_pub_pem, signer_key_pem):
+def digest(data):
     """
-    Seal ``body`` (a JSON-serialisable dict) for ``recipient`` (an id, bound into the envelope
-    with ``purpose``). Returns the envelope (a dict of strings).
+    SHA-256 hex of the canonical JSON of ``data``: what a signed order authorises.
+    """
+    return hashlib.sha256(_canonical(data)).hexdigest()
+
+
+def bind(challenge, target, config_dir, ttl=TTL, **extra):
+    """
+    The binding of one envelope or order: the recipient's ``challenge``, the ``target`` master id
+    and its ``config_dir``, an expiry ``ttl`` seconds from now, and any ``extra`` fields (e.g. the
+    intended fingerprint).
+    """
+    return {
+        "challenge": challenge,
+        "target": target,
+        "config_dir": config_dir,
+        "expires": int(time.time()) + int(ttl),
+        **extra,
+    }
+
+
+def _sign(document, fields, signer_key_pem):
+    signer = serialization.load_pem_private_key(signer_key_pem.encode(), password=None)
+    signed = _canonical({k: document[k] for k in fields})
+    document["signature"] = _b64(signer.sign(signed, _PSS, hashes.SHA256()))
+    return document
+
+
+def seal(body, purpose, recipient, recipient_pub_pem, signer_key_pem, bound):
+    """
+    Seal ``body`` (a JSON-serialisable dict) for ``recipient`` (a minion id) under ``purpose``
+    and the binding ``bound`` (see ``bind``). Returns the envelope (a dict of strings).
     """
     pub = serialization.load_pem_public_key(recipient_pub_pem.encode())
-    signer = serialization.load_pem_private_key(signer_key_pem.encode(), password=None)
     data_key = AESGCM.generate_key(bit_length=256)
     nonce = os.urandom(12)
-    aad = f"{purpose}:{recipient}".encode()
+    aad = _canonical([purpose, recipient, bound])
     envelope = {
         "v": VERSION,
         "purpose": purpose,
         "recipient": recipient,
+        "bound": bound,
         "wrapped_key": _b64(pub.encrypt(data_key, _OAEP)),
         "nonce": _b64(nonce),
-        "ciphertext": _b64(AESGCM(data_key).encrypt(nonce, json.dumps(body).encode(), aad)),
+        "ciphertext": _b64(AESGCM(data_key).encrypt(nonce, _canonical(body), aad)),
     }
-    envelope["signature"] = _b64(signer.sign(_signed_bytes(envelope), _PSS, hashes.SHA256()))
-    return envelope
+    return _sign(envelope, _SEALED, signer_key_pem)
 
 
-def unseal(envelope, purpose, recipient, recipient_key_pem, signer_pub_pem):
+def order(instruction, purpose, recipient, signer_key_pem, bound):
     """
-    Verify and open an envelope made by ``seal``. Raises ``SealError`` (naming what failed,
-    never the content) unless it is for ``recipient`` and ``purpose``, signed by the holder of
-    ``signer_pub_pem``, and intact.
+    Sign the digest of ``instruction`` (which travels beside it, in clear) for ``recipient``
+    under ``purpose`` and the binding ``bound``.
     """
+    document = {
+        "v": VERSION,
+        "purpose": purpose,
+        "recipient": recipient,
+        "bound": bound,
+        "digest": digest(instruction),
+    }
+    return _sign(document, _ORDER, signer_key_pem)
+
+
+def _check(document, fields, purpose, recipient, signer_pub_pem, expect, challenges):
+    """
+    Verify address, signature, binding and expiry, then consume the challenge.
+    """
+    if not isinstance(document, dict) or document.get("v") != VERSION:
+        raise SealError(f"unsupported envelope version {getattr(document, 'get', dict)('v')!r}")
+    if document.get("purpose") != purpose or document.get("recipient") != recipient:
+        raise SealError(f"envelope is not for {recipient!r} / {purpose!r}")
     try:
-        if envelope.get("v") != VERSION:
-            raise SealError(f"unsupported envelope version {envelope.get('v')!r}")
-        if envelope.get("purpose") != purpose or envelope.get("recipient") != recipient:
-            raise SealError(f"envelope is not for {recipient!r} / {purpose!r}")
         signer = serialization.load_pem_public_key(signer_pub_pem.encode())
         signer.verify(
-            base64.b64decode(envelope["signature"]),
-            _signed_bytes(envelope),
+            base64.b64decode(document["signature"]),
+            _canonical({k: document[k] for k in fields}),
             _PSS,
             hashes.SHA256(),
-        )
-        key = serialization.load_pem_private_key(recipient_key_pem.encode(), password=None)
-        data_key = key.decrypt(base64.b64decode(envelope["wrapped_key"]), _OAEP)
-        plain = AESGCM(data_key).decrypt(
-            base64.b64decode(envelope["nonce"]),
-            base64.b64decode(envelope["ciphertext"]),
-            f"{purpose}:{recipient}".encode(),
         )
     except InvalidSignature:
         raise SealError(
             "envelope signature does not verify with the sending master's key"
         ) from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SealError(f"envelope cannot be verified: {type(exc).__name__}") from None
+    bound = document["bound"]
+    if not isinstance(bound, dict):
+        raise SealError("envelope has no binding")
+    for key, value in expect.items():
+        if bound.get(key) != value:
+            raise SealError(f"envelope is bound to {key} {bound.get(key)!r}, not {value!r}")
+    now = time.time()
+    expires = bound.get("expires")
+    if not isinstance(expires, int) or expires <= now:
+        raise SealError("envelope has expired")
+    if expires > now + MAX_TTL:
+        raise SealError(f"envelope claims to live more than {MAX_TTL}s")
+    challenges.consume(bound.get("challenge"))
+    return bound
+
+
+def unseal(envelope, purpose, recipient, recipient_key_pem, signer_pub_pem, expect, challenges):
+    """
+    Verify and open an envelope made by ``seal``. ``expect``: binding fields that must match
+    (e.g. ``{"target": ..., "config_dir": ...}``); ``challenges``: the recipient's
+    ``ChallengeStore``, whose challenge the envelope consumes. Returns ``(body, bound)``; raises
+    ``SealError`` naming what failed, never the content.
+    """
+    bound = _check(envelope, _SEALED, purpose, recipient, signer_pub_pem, expect, challenges)
+    try:
+        key = serialization.load_pem_private_key(recipient_key_pem.encode(), password=None)
+        data_key = key.decrypt(base64.b64decode(envelope["wrapped_key"]), _OAEP)
+        plain = AESGCM(data_key).decrypt(
+            base64.b64decode(envelope["nonce"]),
+            base64.b64decode(envelope["ciphertext"]),
+            _canonical([purpose, recipient, bound]),
+        )
     except (InvalidTag, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise SealError(f"envelope cannot be opened: {type(exc).__name__}") from None
-    return json.loads(plain)
+    return json.loads(plain), bound
+
+
+def check_order(document, instruction, purpose, recipient, signer_pub_pem, expect, challenges):
+    """
+    Verify a signed order made by ``order`` for ``instruction``; consumes its challenge.
+    Returns the binding; raises ``SealError``.
+    """
+    if not isinstance(document, dict) or document.get("digest") != digest(instruction):
+        raise SealError("the instruction does not match the signed order")
+    return _check(document, _ORDER, purpose, recipient, signer_pub_pem, expect, challenges)
+
+
+class ChallengeStore:
+    """
+    Single-use challenges a recipient issues, one file each (named by the challenge, holding its
+    expiry) in a private directory: consuming one is an ``unlink`` that succeeds once.
+    """
+
+    def __init__(self, directory, ttl=MAX_TTL):
+        self.directory = directory
+        self.ttl = ttl
+
+    def issue(self):
+        """
+        A fresh challenge (64 hex characters), valid for ``ttl`` seconds.
+        """
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        self._prune()
+        challenge = os.urandom(32).hex()
+        path = os.path.join(self.directory, challenge)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(str(int(time.time()) + self.ttl))
+        return challenge
+
+    def consume(self, challenge):
+        """
+        Use up ``challenge``; raise ``SealError`` when it was never issued, is used or expired.
+        """
+        if not isinstance(challenge, str) or not _CHALLENGE_RE.match(challenge):
+            raise SealError("envelope carries no valid challenge")
+        path = os.path.join(self.directory, challenge)
+        try:
+            with open(path, encoding="ascii") as handle:
+                expires = int(handle.read().strip() or 0)
+            os.unlink(path)
+        except (OSError, ValueError):
+            raise SealError("challenge unknown or already used: refusing a replay") from None
+        if expires <= time.time():
+            raise SealError("challenge expired")
+
+    def _prune(self):
+        now = time.time()
+        for name in os.listdir(self.directory):
+            path = os.path.join(self.directory, name)
+            try:
+                with open(path, encoding="ascii") as handle:
+                    if int(handle.read().strip() or 0) <= now:
+                        os.unlink(path)
+            except (OSError, ValueError):
+                continue

@@ -13,6 +13,7 @@ import os
 import re
 
 import multimaster_ids
+import multimaster_keys
 import salt.utils.dictupdate
 from salt.exceptions import SaltInvocationError
 
@@ -20,6 +21,12 @@ MODES = ("hot", "failover", "cluster")
 IPC_MODES = ("ipc", "tcp")
 ROOT = "multimaster"
 _CONFIG_FILE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.conf\Z")
+# Pillar keys whose values may be secret: never echoed in errors, masked in returns.
+_SECRET_KEY_RE = re.compile(r"(secret|passw|token|credential|private)", re.IGNORECASE)
+_SECRET_PATHS = ("master:config", "master:gitfs:remotes")
+_URL_USERINFO_RE = re.compile(r"(?<=://)[^/@\s]+@")
+MASK = "**********"
+_FINGERPRINT_RE = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){31}\Z")
 
 
 class SettingsError(SaltInvocationError):
@@ -28,8 +35,13 @@ class SettingsError(SaltInvocationError):
     """
 
 
+def _is_secret(key):
+    under = any(key == path or key.startswith(f"{path}:") for path in _SECRET_PATHS)
+    return under or bool(_SECRET_KEY_RE.search(key))
+
+
 def _fail(key, value, expected):
-    shown = json.dumps(value, default=str)
+    shown = MASK if _is_secret(key) else json.dumps(value, default=str)
     name = f"{ROOT}:{key}" if key else ROOT
     raise SettingsError(f"{name}: got {shown}; expected {expected}")
 
@@ -75,6 +87,14 @@ def _check_master(index, master, seen):
     for key in ("config_dir",):
         if key in master and (not isinstance(master[key], str) or not os.path.isabs(master[key])):
             _fail(f"{where}:{key}", master[key], "an absolute path")
+    pinned = master.get("minion_fingerprint")
+    if pinned is not None and (not isinstance(pinned, str) or not _FINGERPRINT_RE.match(pinned)):
+        _fail(
+            f"{where}:minion_fingerprint",
+            pinned,
+            "the control minion's key fingerprint as salt-run multimaster.status shows it "
+            "(SHA-256, 32 lower-case hex pairs joined by ':')",
+        )
     if "interface" in master and not isinstance(master["interface"], str):
         _fail(f"{where}:interface", master["interface"], "an IP address to bind")
     for key, value in (
@@ -104,6 +124,9 @@ def _validate_pillar(pillar):
                     pillar[key],
                     f"no '{key}' section with mode {mode!r} (it only applies to mode 'failover')",
                 )
+    share = pillar.get("max_revoke_share", 0.1)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        _fail("max_revoke_share", share, "a number > 0 and <= 1 (a share of accepted keys)")
     masters = pillar.get("masters")
     if not isinstance(masters, list) or not masters:
         _fail("masters", masters, "a non-empty list of masters, the primary first")
@@ -142,14 +165,16 @@ def _validate_merged(settings):
         _check_bool(failover, key, "failover")
     _check_bool(settings["signing"], "enabled", "signing")
     signing = settings["signing"]
-    if signing["enabled"] and not str(signing.get("public_key", "")).startswith(
-        "-----BEGIN PUBLIC KEY-----"
-    ):
-        _fail(
-            "signing:public_key",
-            signing.get("public_key"),
-            "the masters' master_sign.pub as a PEM public key when signing is enabled",
-        )
+    if signing["enabled"]:
+        try:
+            multimaster_keys.canonical(signing.get("public_key"), "signing:public_key")
+        except SaltInvocationError as exc:
+            _fail(
+                "signing:public_key",
+                signing.get("public_key"),
+                "the masters' master_sign.pub: one RSA 'PUBLIC KEY' PEM of >= 2048 bits "
+                f"when signing is enabled ({exc})",
+            )
     balancer = settings["cluster"].get("balancer")
     if settings["mode"] == "cluster" and (not isinstance(balancer, str) or not balancer):
         _fail(
@@ -205,6 +230,41 @@ def build(pillar, defaults):
     return settings
 
 
+def redacted_settings(settings):
+    """
+    ``settings`` (from ``build``, with ``config``) with what may be secret masked, for returns.
+    """
+    out = redacted(settings)
+    derived = (out.get("config") or {}).get("master")
+    if derived:
+        # master:config options are copied flat into the derived master.d options.
+        for key in settings["master"]["config"]:
+            if key in derived:
+                derived[key] = MASK
+    return out
+
+
+def redacted(data, path=""):
+    """
+    A copy of ``data`` with what may be secret masked: every value under ``master:config``,
+    keys named like secrets, and credentials in URLs.
+    """
+    if isinstance(data, dict):
+        return {
+            key: (
+                MASK
+                if _is_secret(f"{path}{key}") and not isinstance(value, (dict, list))
+                else redacted(value, f"{path}{key}:")
+            )
+            for key, value in data.items()
+        }
+    if isinstance(data, list):
+        return [redacted(item, path) for item in data]
+    if isinstance(data, str):
+        return _URL_USERINFO_RE.sub(MASK + "@", data)
+    return data
+
+
 def primary(settings):
     """
     The first master: the source of truth for key acceptance and for roots.
@@ -222,11 +282,23 @@ def find_master(settings, minion_id):
     return None
 
 
+def local_master(section, minion_id, default_config_dir):
+    """
+    The master entry whose control minion is ``minion_id``, its ``config_dir`` resolved (the
+    minion's own config dir when the entry names none), or None. Paths a peer acts on come from
+    here, never from a caller's arguments.
+    """
+    master = find_master(section, minion_id)
+    if master is None:
+        return None
+    return dict(master, config_dir=master.get("config_dir") or default_config_dir)
+
+
 def runner_section(settings):
     """
     What the masters keep under ``multimaster:`` in their own config for the runners to read.
     """
-    keys = ["mode", "ports", "masters", "manage_services"]
+    keys = ["mode", "ports", "masters", "manage_services", "max_revoke_share"]
     if settings["mode"] == "failover":
         keys += ["failover", "signing"]
     return {key: copy.deepcopy(settings[key]) for key in keys}

@@ -16,6 +16,7 @@ keys across ids). Usage: ``python bench/bench_sync_keys.py [--keys 10000] [--rep
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -29,6 +30,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The daemon toolkit shared with the formula's own restarts, the lab and the tests.
+sys.path.insert(0, os.path.join(ROOT, "_utils"))
+
+from multimaster_daemon import read_pid, wait_for  # noqa: E402
+
 RUN = os.path.join(ROOT, "bench", "run")
 BIN = os.path.dirname(sys.executable)
 PORTS = {"publish": 32000, "ret": 32001}
@@ -79,6 +85,8 @@ def master_config(mid, ip):
         "log_level_logfile": "info",
         # Only the formula: the checkout also holds .venv and bench/run (keys) - never serve those.
         "file_roots": {"base": [os.path.join(RUN, "formula")]},
+        # The control minions read their own master's paths from the multimaster pillar.
+        "pillar_roots": {"base": [os.path.join(RUN, "pillar")]},
         "multimaster": section(),
     }
     return json.dumps(conf)
@@ -107,22 +115,15 @@ def pidfiles():
 def stop_all():
     if not os.path.isdir(RUN):
         return
-    for pidfile in pidfiles():
-        try:
-            with open(pidfile, encoding="utf-8") as handle:
-                os.kill(int(handle.read().strip()), signal.SIGTERM)
-        except (OSError, ValueError):
-            pass
+    for pid in filter(None, map(read_pid, pidfiles())):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
     time.sleep(2)
 
 
 def wait(what, check, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(1)
-    raise SystemExit(f"timed out waiting for {what}; see logs under {RUN}")
+    if not wait_for(check, timeout, interval=1):
+        raise SystemExit(f"timed out waiting for {what}; see logs under {RUN}")
 
 
 def pki(mid):
@@ -148,6 +149,8 @@ def setup(keys):
     shutil.rmtree(RUN, ignore_errors=True)
     for part in ("multimaster", "_modules", "_runners", "_states", "_utils"):
         shutil.copytree(os.path.join(ROOT, part), os.path.join(RUN, "formula", part))
+    write(os.path.join(RUN, "pillar", "top.sls"), json.dumps({"base": {"*": ["multimaster"]}}))
+    write(os.path.join(RUN, "pillar", "multimaster.sls"), json.dumps({"multimaster": section()}))
     for mid, ip in MASTERS:
         write(os.path.join(RUN, mid, "master"), master_config(mid, ip))
         write(os.path.join(RUN, f"{mid}-minion", "minion"), minion_config(mid))

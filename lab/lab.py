@@ -44,7 +44,6 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -56,6 +55,12 @@ import psutil
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+# The daemon toolkit shared with the formula's own restarts, the bench and the tests.
+sys.path.insert(0, str(REPO / "_utils"))
+
+import multimaster_daemon  # noqa: E402
+from multimaster_daemon import port_open  # noqa: E402
+
 RUN = REPO / "lab" / "run"
 PILLAR = RUN / "pillar"
 BIN = Path(sys.executable).parent
@@ -241,37 +246,19 @@ def salt(on_master, target, fun, *args, timeout=30, list_target=False):
 
 
 def read_pid(daemon):
-    """The live pid recorded in the daemon's pidfile, else None."""
-    try:
-        pid = int(daemon.pidfile.read_text().strip())
-        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-            return pid
-    except (OSError, ValueError, psutil.Error):
-        pass
-    return None
+    """The live (not zombie) pid recorded in the daemon's pidfile, else None."""
+    return multimaster_daemon.read_pid(daemon.pidfile)
 
 
 def wait_for(what, check, timeout, interval=1.0, logs=()):
     """
-    Call ``check`` until it returns something truthy (which is returned) or ``timeout`` passes.
+    Call ``check`` until it returns something truthy (which is returned); LabError naming
+    ``what`` and showing ``logs`` once ``timeout`` passes.
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise LabError(f"timed out after {timeout}s waiting for {what}", logs)
-        time.sleep(interval)
-
-
-def port_open(host, port):
-    """True when something accepts TCP connections on host:port."""
-    try:
-        with socket.create_connection((host, port), timeout=1):
-            return True
-    except OSError:
-        return False
+    result = multimaster_daemon.wait_for(check, timeout, interval)
+    if not result:
+        raise LabError(f"timed out after {timeout}s waiting for {what}", logs)
+    return result
 
 
 def start_daemon(daemon):

@@ -13,7 +13,6 @@ multimaster-master-clean-config-file-absent:
 
 multimaster-master-clean-master-restarted:
   multimaster.master_restarted:
-    - pidfile: {{ master.pidfile }}
     - service: {{ mapdata.lookup.master.service }}
     - onchanges:
       - file: multimaster-master-clean-config-file-absent

@@ -13,6 +13,8 @@ multimaster-master-config-file-managed:
     - serializer: yaml
     - mode: '0640'
     - makedirs: true
+    {#- master:config and gitfs remotes may hold secrets: no diff in the job return. #}
+    - show_changes: false
 
 multimaster-master-config-key-files-secure:
   multimaster.master_key_files_secure:

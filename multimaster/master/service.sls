@@ -20,7 +20,6 @@ multimaster-master-service-running-service-running:
 {#- After this job returns, so a master never drops the return of the job that reconfigured it. #}
 multimaster-master-service-running-master-restarted:
   multimaster.master_restarted:
-    - pidfile: {{ master.pidfile }}
     - service: {{ mapdata.lookup.master.service }}
     - onchanges:
       - file: multimaster-master-config-file-managed

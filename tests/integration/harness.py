@@ -11,6 +11,7 @@ import os
 import pathlib
 import shutil
 import signal
+import sys
 import time
 
 import psutil
@@ -20,6 +21,12 @@ from pytestshellutils.exceptions import FactoryTimeout
 log = logging.getLogger(__name__)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The daemon toolkit shared with the formula's own restarts, the lab and the bench.
+if str(REPO_ROOT / "_utils") not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT / "_utils"))
+
+import multimaster_daemon  # noqa: E402
+
 MASTER_HOSTS = ("127.0.0.2", "127.0.0.3")
 START_TIMEOUT = 90
 # Keep the repo's own tooling out of the file server: only the formula is meant to be served.
@@ -182,26 +189,19 @@ def kill_daemons_of(config_dir, timeout=15):
     assert not leftover, f"processes still using {config_dir}: {leftover}"
 
 
-def read_pid(pidfile):
-    with contextlib.suppress(OSError, ValueError):
-        pid = int(pathlib.Path(pidfile).read_text().strip())
-        if psutil.pid_exists(pid):
-            return pid
-    return None
+# The live (not zombie) pid in a pidfile, else None; the tests import it from here.
+read_pid = multimaster_daemon.read_pid
 
 
 def wait_for(predicate, timeout, interval=1.0, what="condition"):
     """
-    Call ``predicate`` until it returns something truthy; return it. Fail after ``timeout`` s.
+    Call ``predicate`` until it returns something truthy; return it. AssertionError naming
+    ``what`` after ``timeout`` s.
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+    result = multimaster_daemon.wait_for(predicate, timeout, interval)
+    if not result:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return result
 
 
 def ping(salt_cli, minion_id, timeout=3):

@@ -155,11 +155,16 @@ def test_test_mode_reports_and_changes_nothing(
     master1, master2, control_minion, master_conf, pillar_tree, master_pillar
 ):
     """
-    With a pillar change pending, ``test=True`` reports the diff and leaves master.d untouched.
+    With a pillar change pending, ``test=True`` reports that master.d would change and leaves it
+    untouched. master.d can hold secrets (``master:config``): the return shows no diff, and a
+    secret planted there appears nowhere in it.
     """
     before = tree_snapshot(master_conf.parent)
     section = master_pillar["multimaster"]
-    changed = {"multimaster": dict(section, master=dict(section["master"], interface="0.0.0.0"))}
+    marker = "secret-marker-5f1c2e"
+    master = dict(section["master"], interface="0.0.0.0")
+    master["config"] = dict(master.get("config", {}), ext_pillar_token=marker)
+    changed = {"multimaster": dict(section, master=master)}
     # The per-master interface wins over master:interface; change the global one for master2.
     changed["multimaster"]["masters"] = [dict(m) for m in section["masters"]]
     changed["multimaster"]["masters"][1].pop("interface")
@@ -170,5 +175,6 @@ def test_test_mode_reports_and_changes_nothing(
     states = state_returns(ret)
     config_state = state_by_id(states, CONFIG_STATE)
     assert config_state["result"] is None
-    assert "interface" in str(config_state["changes"])
+    assert config_state["changes"] == {"diff": "<show_changes=False>"}
+    assert marker not in ret.stdout + ret.stderr
     assert tree_snapshot(master_conf.parent) == before

@@ -1,9 +1,12 @@
 """
-The pure parts of ``multimaster_daemon``: pidfiles, command lines, and the no-daemon case of
-``schedule_restart``. Processes are real (short-lived children of this test).
+``multimaster_daemon``: pidfiles, who the pid really is, the command a restart runs, and the
+detached watcher (``main``). Processes are real: short-lived children of this test, among them
+stand-ins for a salt-master (a script whose file name is ``salt-master``).
 """
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -11,21 +14,45 @@ import time
 import multimaster_daemon
 import psutil
 import pytest
+import salt.syspaths
+from salt.exceptions import CommandExecutionError
+
+SLEEPER = "import time; time.sleep(60)"
+
+# A salt-master stand-in: once set up, writes its pidfile (as Salt does), then sleeps.
+# "ignore-term" makes it survive SIGTERM.
+STAND_IN = """\
+import os, signal, sys, time
+if "ignore-term" in sys.argv:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open(os.environ["STAND_IN_PIDFILE"], "w") as handle:
+    handle.write(str(os.getpid()))
+time.sleep(60)
+"""
+
+# Run as the restart command: records the directory it was started in.
+RECORD_CWD = "import os, sys; open(sys.argv[1], 'w').write(os.getcwd())"
+
+
+def _wait_exec(proc, first):
+    # Between fork and exec the child's command line is still the parent's: wait for the exec.
+    assert multimaster_daemon.wait_for(
+        lambda: psutil.Process(proc.pid).cmdline()[1:2] == [first], 10, interval=0.01
+    ), "the child did not start"
+    return proc
 
 
 @pytest.fixture
-def child():
+def spawn():
+    """
+    Start ``argv`` (after the interpreter) as a child; every child is killed at the end.
+    """
     procs = []
 
-    def start(*extra):
-        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *extra])
+    def start(*argv, env=None):
+        proc = subprocess.Popen([sys.executable, *argv], env=env)
         procs.append(proc)
-        # Between fork and exec the child's command line is still empty: wait for the exec.
-        deadline = time.monotonic() + 10
-        while psutil.Process(proc.pid).cmdline()[:1] != [sys.executable]:
-            assert time.monotonic() < deadline, "the child did not start"
-            time.sleep(0.01)
-        return proc
+        return _wait_exec(proc, argv[0])
 
     yield start
     for proc in procs:
@@ -34,18 +61,73 @@ def child():
         proc.wait()
 
 
+@pytest.fixture
+def child(spawn):
+    """
+    A live process that is no salt daemon at all.
+    """
+    return lambda: spawn("-c", SLEEPER)
+
+
+@pytest.fixture
+def conf(tmp_path):
+    path = tmp_path / "conf"
+    path.mkdir()
+    return str(path)
+
+
+@pytest.fixture
+def master(spawn, tmp_path):
+    """
+    Start a salt-master stand-in with ``args`` (and ``env``, else this environment without
+    SALT_CONFIG_DIR); returns ``(proc, pidfile)`` once it has written its pidfile.
+    """
+    script = tmp_path / "bin" / "salt-master"
+    script.parent.mkdir()
+    script.write_text(STAND_IN)
+    pidfile = tmp_path / "run" / "salt-master.pid"
+    pidfile.parent.mkdir()
+
+    def start(*args, env=None):
+        if env is None:
+            env = {k: v for k, v in os.environ.items() if k != "SALT_CONFIG_DIR"}
+        proc = spawn(str(script), *args, env={**env, "STAND_IN_PIDFILE": str(pidfile)})
+        wrote = multimaster_daemon.wait_for(
+            lambda: multimaster_daemon.read_pid(str(pidfile)) == proc.pid, 10, interval=0.01
+        )
+        assert wrote, "the stand-in did not write its pidfile"
+        return proc, str(pidfile)
+
+    return start
+
+
+@pytest.fixture
+def no_exec(monkeypatch):
+    """
+    Records every process the module would start, and starts none.
+    """
+    started = []
+    monkeypatch.setattr(multimaster_daemon, "_spawn", started.append)
+    return started
+
+
+def _pidfile(tmp_path, pid):
+    pidfile = tmp_path / "salt-master.pid"
+    pidfile.write_text(f"{pid}\n")
+    return str(pidfile)
+
+
+# --- read_pid --------------------------------------------------------------------------------
+
+
 def test_read_pid_of_a_live_process(tmp_path):
-    pidfile = tmp_path / "d.pid"
-    pidfile.write_text(f"{os.getpid()}\n")
-    assert multimaster_daemon.read_pid(str(pidfile)) == os.getpid()
+    assert multimaster_daemon.read_pid(_pidfile(tmp_path, os.getpid())) == os.getpid()
 
 
 def test_read_pid_stale_pidfile(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    pidfile = tmp_path / "d.pid"
-    pidfile.write_text(str(proc.pid))
-    assert multimaster_daemon.read_pid(str(pidfile)) is None
+    assert multimaster_daemon.read_pid(_pidfile(tmp_path, proc.pid)) is None
 
 
 def test_read_pid_of_a_zombie(tmp_path, child):
@@ -53,9 +135,7 @@ def test_read_pid_of_a_zombie(tmp_path, child):
     proc.kill()
     # Not waited for yet: a zombie, which must count as not running.
     os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
-    pidfile = tmp_path / "d.pid"
-    pidfile.write_text(str(proc.pid))
-    assert multimaster_daemon.read_pid(str(pidfile)) is None
+    assert multimaster_daemon.read_pid(_pidfile(tmp_path, proc.pid)) is None
 
 
 @pytest.mark.parametrize("content", ["", "garbage\n", "12ab", "-1", "1.5", "\x00\x01"])
@@ -70,26 +150,292 @@ def test_read_pid_missing_or_unreadable(tmp_path):
     assert multimaster_daemon.read_pid(str(tmp_path)) is None  # a directory
 
 
-def test_daemon_cmdline_adds_daemon_flag(child, tmp_path):
+# --- verified_pid: the attacks ---------------------------------------------------------------
+
+
+def test_verified_pid_refuses_a_process_that_is_not_the_daemon(child, tmp_path, conf, caplog):
     proc = child()
-    cmdline, cwd = multimaster_daemon.daemon_cmdline(proc.pid)
-    assert cmdline == [sys.executable, "-c", "import time; time.sleep(60)", "-d"]
-    assert cwd == os.getcwd()
+    assert (
+        multimaster_daemon.verified_pid(_pidfile(tmp_path, proc.pid), "salt-master", conf) is None
+    )
+    assert f"pid {proc.pid} is not salt-master" in caplog.text
 
 
-@pytest.mark.parametrize("flag", ["-d", "--daemon"])
-def test_daemon_cmdline_keeps_existing_flag(child, flag):
-    proc = child(flag)
-    cmdline, _ = multimaster_daemon.daemon_cmdline(proc.pid)
-    assert cmdline == [sys.executable, "-c", "import time; time.sleep(60)", flag]
+def test_schedule_restart_never_signals_or_runs_a_foreign_process(child, tmp_path, conf, no_exec):
+    proc = child()
+    pidfile = _pidfile(tmp_path, proc.pid)
+    result = multimaster_daemon.schedule_restart(pidfile, "no-such-unit", "salt-master", conf)
+    assert result["scheduled"] is False
+    assert f"pid {proc.pid} is not salt-master" in result["reason"]
+    assert no_exec == []
+    time.sleep(0.3)
+    assert proc.poll() is None
 
 
-def test_schedule_restart_when_nothing_runs(tmp_path):
+def test_stop_now_refuses_a_foreign_process(child, tmp_path, conf, no_exec):
+    proc = child()
+    pidfile = _pidfile(tmp_path, proc.pid)
+    with pytest.raises(
+        CommandExecutionError, match=f"{pidfile}.*pid {proc.pid} is not salt-master"
+    ):
+        multimaster_daemon.stop_now(pidfile, "no-such-unit", "salt-master", conf)
+    assert no_exec == []
+    time.sleep(0.3)
+    assert proc.poll() is None
+
+
+def test_verified_pid_refuses_a_pidfile_older_than_the_process(master, conf, no_exec):
+    # The pid was reused: the process holding it now started after the pidfile was written.
+    proc, pidfile = master("-c", conf)
+    old = time.time() - 3600
+    os.utime(pidfile, (old, old))
+    assert multimaster_daemon.verified_pid(pidfile, "salt-master", conf) is None
+    assert (
+        multimaster_daemon.schedule_restart(pidfile, "x", "salt-master", conf)["scheduled"] is False
+    )
+    with pytest.raises(CommandExecutionError, match="started after"):
+        multimaster_daemon.stop_now(pidfile, "no-such-unit", "salt-master", conf)
+    assert no_exec == [] and proc.poll() is None
+
+
+def test_verified_pid_refuses_another_config_dir(master, conf, tmp_path, caplog):
+    other = tmp_path / "other"
+    other.mkdir()
+    _, pidfile = master("-c", str(other))
+    assert multimaster_daemon.verified_pid(pidfile, "salt-master", conf) is None
+    assert f"salt-master of {other}, not of {conf}" in caplog.text
+
+
+def test_verified_pid_refuses_another_daemon(master, conf):
+    _, pidfile = master("-c", conf)
+    assert multimaster_daemon.verified_pid(pidfile, "salt-minion", conf) is None
+
+
+def test_verified_pid_default_config_dir(master, conf):
+    # No -c: Salt's default config dir, which is not ``conf``.
+    proc, pidfile = master()
+    assert multimaster_daemon.verified_pid(pidfile, "salt-master", conf) is None
+    got = multimaster_daemon.verified_pid(pidfile, "salt-master", salt.syspaths.CONFIG_DIR)
+    assert got == proc.pid
+
+
+def test_verified_pid_config_dir_from_the_environment(master, conf):
+    # No -c, but SALT_CONFIG_DIR: Salt takes its config dir from there.
+    proc, pidfile = master(env={**os.environ, "SALT_CONFIG_DIR": conf})
+    assert multimaster_daemon.verified_pid(pidfile, "salt-master", conf) == proc.pid
+    assert multimaster_daemon.verified_pid(pidfile, "salt-master", salt.syspaths.CONFIG_DIR) is None
+
+
+# --- verified_pid: the daemon itself ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["-c {}", "--config-dir {}", "--config-dir={}", "-c{}"])
+def test_verified_pid_of_the_daemon(master, conf, form):
+    proc, pidfile = master(*form.format(conf).split(" "), "-l", "info")
+    assert multimaster_daemon.verified_pid(pidfile, "salt-master", conf) == proc.pid
+
+
+def test_verified_pid_compares_real_paths(master, conf, tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(conf)
+    proc, pidfile = master("-c", str(link))
+    assert multimaster_daemon.verified_pid(pidfile, "salt-master", conf + "/") == proc.pid
+
+
+def test_verified_pid_when_nothing_runs(tmp_path, conf, caplog):
+    assert multimaster_daemon.verified_pid(str(tmp_path / "none.pid"), "salt-master", conf) is None
+    assert caplog.text == ""
+
+
+# --- daemon_command --------------------------------------------------------------------------
+
+
+def test_daemon_command_uses_the_script_of_this_install(conf):
+    script = os.path.join(os.path.dirname(sys.executable), "salt-master")
+    assert multimaster_daemon.daemon_command("salt-master", conf) == [script, "-c", conf, "-d"]
+
+
+@pytest.mark.parametrize(
+    "args, level",
+    [
+        (["-l", "info"], ["-l", "info"]),
+        (["--log-level=debug"], ["-l", "debug"]),
+        (["--log-level", "warning"], ["-l", "warning"]),
+        (["-l", "-d"], []),  # a flag is not a level
+        (["-l", "bogus"], []),
+        (["-l", "info", "--log-level", "nonsense"], []),  # the last one counts, as in optparse
+        ([], []),
+    ],
+)
+def test_daemon_command_keeps_only_a_known_log_level(master, conf, args, level):
+    proc, _ = master("-c", "/elsewhere", "--user", "evil", *args, "-d")
+    command = multimaster_daemon.daemon_command("salt-master", conf, proc.pid)
+    assert command[1:] == ["-c", conf, "-d", *level]
+
+
+def test_daemon_command_script_on_path(monkeypatch, tmp_path, conf):
+    # Not next to the interpreter (a system Python): found on PATH.
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    script = bindir / "salt-master"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bindir))
+    assert multimaster_daemon.daemon_command("salt-master", conf)[0] == str(script)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(CommandExecutionError, match="salt-master"):
+        multimaster_daemon.daemon_command("salt-master", conf)
+
+
+# --- stop_now / start_now --------------------------------------------------------------------
+
+
+def test_stop_now_and_start_now(master, conf, tmp_path):
+    proc, pidfile = master("-c", conf, "-l", "info")
+    stopped = multimaster_daemon.stop_now(pidfile, "no-such-unit", "salt-master", conf, timeout=10)
+    assert stopped["was_running"] is True and stopped["service"] is None
+    assert stopped["pid"] == proc.pid
+    assert stopped["command"][1:] == ["-c", conf, "-d", "-l", "info"]
+    assert proc.wait(timeout=5) == -signal.SIGTERM
+    assert not os.path.exists(pidfile)
+    # start_now runs the command it was given, from "/" (never a directory read from /proc).
+    out = tmp_path / "cwd"
+    stopped["command"] = [sys.executable, "-c", RECORD_CWD, str(out)]
+    multimaster_daemon.start_now(stopped, "salt-master", conf)
+    assert multimaster_daemon.wait_for(out.exists, 10)
+    assert multimaster_daemon.wait_for(out.read_text, 5) == "/"
+
+
+def test_stop_now_when_nothing_runs(tmp_path, conf):
+    assert multimaster_daemon.stop_now(str(tmp_path / "none.pid"), "x", "salt-master", conf) == {
+        "was_running": False,
+        "service": None,
+        "pid": None,
+        "command": None,
+    }
+
+
+def test_start_now_when_it_was_not_running(conf, no_exec):
+    multimaster_daemon.start_now({"service": None, "command": None}, "salt-master", conf)
+    assert no_exec == [multimaster_daemon.daemon_command("salt-master", conf)]
+
+
+# --- schedule_restart ------------------------------------------------------------------------
+
+
+def test_schedule_restart_when_nothing_runs(tmp_path, conf):
     pidfile = tmp_path / "salt-minion.pid"
-    assert multimaster_daemon.schedule_restart(str(pidfile), "salt-minion") == {
+    assert multimaster_daemon.schedule_restart(
+        str(pidfile), "salt-minion", "salt-minion", conf
+    ) == {
         "scheduled": False,
         "reason": f"no running daemon recorded in {pidfile}",
     }
+
+
+def test_schedule_restart_starts_this_file_as_the_watcher(master, conf, no_exec):
+    proc, pidfile = master("-c", conf, "-l", "info")
+    result = multimaster_daemon.schedule_restart(pidfile, "no-such-unit", "salt-master", conf)
+    [watcher] = no_exec
+    assert watcher[:2] == [sys.executable, os.path.abspath(multimaster_daemon.__file__)]
+    spec = json.loads(watcher[2])
+    assert spec["pid"] == proc.pid and spec["pidfile"] == pidfile
+    assert spec["command"] == multimaster_daemon.daemon_command("salt-master", conf, proc.pid)
+    assert spec["command"][-2:] == ["-l", "info"]
+    assert result == {"scheduled": True, "pid": proc.pid, "how": " ".join(spec["command"])}
+
+
+# --- the watcher -----------------------------------------------------------------------------
+
+
+def _watcher_spec(monkeypatch, pidfile, conf, out, **kwargs):
+    """
+    The spec ``schedule_restart`` hands its watcher (which is not started), with the restart
+    command replaced by one that records its working directory in ``out``.
+    """
+    started = []
+    with monkeypatch.context() as patch:
+        patch.setattr(multimaster_daemon, "_spawn", started.append)
+        result = multimaster_daemon.schedule_restart(pidfile, "x", "salt-master", conf, **kwargs)
+    assert result["scheduled"] is True
+    spec = json.loads(started[0][2])
+    spec["command"] = [sys.executable, "-c", RECORD_CWD, str(out)]
+    return spec
+
+
+def _ran_in(out):
+    assert multimaster_daemon.wait_for(out.exists, 10), "the restart command did not run"
+    return multimaster_daemon.wait_for(out.read_text, 5)
+
+
+def test_watcher_waits_for_the_job_then_restarts(master, conf, spawn, tmp_path, monkeypatch):
+    proc, pidfile = master("-c", conf)
+    responsibility = tmp_path / "run" / "process_responsibility_salt-master.pid"
+    responsibility.write_text(json.dumps({"pid": proc.pid}))
+    # The job ends as an unreaped zombie (nobody waits for it): that counts as ended.
+    job = spawn("-c", "import time; time.sleep(1.5)")
+    out = tmp_path / "cwd"
+    spec = _watcher_spec(monkeypatch, pidfile, conf, out, wait_pid=job.pid)
+    started = time.monotonic()
+    assert multimaster_daemon.main([json.dumps(spec)]) == 0
+    assert time.monotonic() - started >= 1, "did not wait for the job"
+    assert proc.wait(timeout=5) == -signal.SIGTERM
+    assert not os.path.exists(pidfile) and not responsibility.exists()
+    assert _ran_in(out) == "/"
+
+
+def test_watcher_kills_a_daemon_that_ignores_sigterm(master, conf, tmp_path, monkeypatch):
+    proc, pidfile = master("-c", conf, "ignore-term")
+    out = tmp_path / "cwd"
+    spec = dict(_watcher_spec(monkeypatch, pidfile, conf, out), stop_timeout=0.5)
+    assert multimaster_daemon.main([json.dumps(spec)]) == 0
+    assert proc.wait(timeout=5) == -signal.SIGKILL
+    assert _ran_in(out) == "/"
+
+
+def test_watcher_keeps_pidfiles_of_other_processes(master, conf, tmp_path, monkeypatch):
+    _, pidfile = master("-c", conf)
+    responsibility = tmp_path / "run" / "process_responsibility_salt-master.pid"
+    responsibility.write_text(json.dumps({"pid": os.getpid()}))
+    spec = _watcher_spec(monkeypatch, pidfile, conf, tmp_path / "cwd")
+    assert multimaster_daemon.main([json.dumps(spec)]) == 0
+    assert responsibility.exists()
+
+
+def test_watcher_does_not_signal_a_reused_pid(master, conf, tmp_path, monkeypatch):
+    # Between scheduling and restarting, the pid came to name a process that started at another
+    # time than the one recorded.
+    proc, pidfile = master("-c", conf)
+    out = tmp_path / "cwd"
+    spec = _watcher_spec(monkeypatch, pidfile, conf, out)
+    spec["create_time"] -= 100
+    assert multimaster_daemon.main([json.dumps(spec)]) == 0
+    assert _ran_in(out) == "/"
+    assert proc.poll() is None
+    assert not os.path.exists(pidfile)  # it no longer names the daemon
+
+
+def test_watcher_restarts_a_service_with_systemctl(master, conf, tmp_path, monkeypatch, no_exec):
+    proc, pidfile = master("-c", conf)
+    spec = dict(_watcher_spec(monkeypatch, pidfile, conf, tmp_path / "cwd"), service="salt-master")
+    calls = []
+    monkeypatch.setattr(multimaster_daemon.subprocess, "call", calls.append)
+    multimaster_daemon.main([json.dumps(spec)])
+    assert calls == [["systemctl", "restart", "salt-master"]]
+    assert proc.poll() is None and no_exec == []
+
+
+# --- small helpers ---------------------------------------------------------------------------
+
+
+def test_wait_for():
+    values = iter([0, None, "", 7])
+    assert multimaster_daemon.wait_for(lambda: next(values), 5, interval=0.01) == 7
+    assert multimaster_daemon.wait_for(lambda: False, 0.1, interval=0.01) is None
+    calls = []
+    assert multimaster_daemon.wait_for(lambda: calls.append(1), 0) is None
+    assert calls == [1]  # asked at least once
 
 
 def test_systemd_service_of_a_non_service_process(child):

@@ -224,9 +224,23 @@ def test_restart_minion_without_a_running_minion_does_nothing(mod, tmp_path):
     }
 
 
-def test_restart_master_not_running(mod, tmp_path):
+def test_restart_master_not_running(mod, tmp_path, defaults):
+    # The pidfile comes from this master's own config (the pillar entry), not an argument.
     (tmp_path / "master.pid").write_text("not a pid\n")
-    assert mod.restart_master(str(tmp_path / "master.pid"))["scheduled"] is False
+    mod.__context__["multimaster.defaults"] = defaults
+    ret = mod.restart_master()
+    assert ret["scheduled"] is False and str(tmp_path / "master.pid") in ret["reason"]
+
+
+def test_restart_master_takes_no_pidfile_argument(mod):
+    with pytest.raises(TypeError):
+        mod.restart_master(pidfile="/tmp/attacker.pid")
+
+
+def test_settings_returns_are_redacted_unless_rendering(mod, defaults):
+    mod.__pillar__["multimaster"]["master"] = {"config": {"ext_pillar_token": "hunter2"}}
+    assert "hunter2" not in str(mod.settings(defaults))
+    assert "hunter2" in str(mod.settings(defaults, redact=False))
 
 
 def test_active_master(mod):

@@ -8,7 +8,9 @@ import copy
 import multimaster_settings as ms
 import pytest
 
-PEM = "-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----\n"
+from .keyfactory import pub_pem, rsa_private
+
+PEM = pub_pem(rsa_private(tag=30))
 
 
 def build(defaults, **pillar):

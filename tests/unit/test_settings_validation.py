@@ -10,9 +10,12 @@ import multimaster_settings
 import pytest
 from salt.exceptions import SaltInvocationError
 
+from .keyfactory import pub_pem, rsa_private
+
 M1 = {"id": "master1", "host": "10.0.3.61"}
 M2 = {"id": "master2", "host": "10.0.3.230"}
-PEM = "-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----\n"
+PEM = pub_pem(rsa_private(tag=30))
+WEAK_PEM = pub_pem(rsa_private(bits=1024, tag=31))
 # Only a header: the check must refuse private keys; no key material lives in the repository.
 PRIVATE_HEADER = "-----BEGIN RSA " + "PRIVATE KEY-----"
 ID_EXPECTED = "expected 1-64 bytes of letters, digits"
@@ -211,13 +214,42 @@ CASES = {
         failover(signing={"enabled": True}),
         "signing:public_key",
         js(""),
-        "the masters' master_sign.pub as a PEM public key",
+        "the masters' master_sign.pub: one RSA 'PUBLIC KEY' PEM",
     ),
     "signing-private-key-given": (
         failover(signing={"enabled": True, "public_key": PRIVATE_HEADER}),
         "signing:public_key",
         js(PRIVATE_HEADER),
-        "a PEM public key",
+        "one RSA 'PUBLIC KEY' PEM",
+    ),
+    "signing-truncated-public-key": (
+        failover(
+            signing={
+                "enabled": True,
+                "public_key": "-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----\n",
+            }
+        ),
+        "signing:public_key",
+        "MIIB",
+        "unreadable public key",
+    ),
+    "signing-weak-public-key": (
+        failover(signing={"enabled": True, "public_key": WEAK_PEM}),
+        "signing:public_key",
+        "BEGIN PUBLIC KEY",
+        "RSA key of 1024 bits",
+    ),
+    "max-revoke-share-zero": (
+        pillar(max_revoke_share=0),
+        "max_revoke_share",
+        "0",
+        "a number > 0 and <= 1",
+    ),
+    "control-minion-fingerprint-not-a-fingerprint": (
+        pillar(masters=[{"id": "m1", "host": "h1", "minion_fingerprint": "ab:cd"}]),
+        "masters[0]:minion_fingerprint",
+        js("ab:cd"),
+        "32 lower-case hex pairs",
     ),
     # cluster
     "cluster-without-balancer": (
@@ -322,13 +354,13 @@ CASES = {
     "config-not-a-mapping": (
         pillar(master={"config": "worker_threads: 4"}),
         "master:config",
-        js("worker_threads: 4"),
+        multimaster_settings.MASK,
         "a mapping of master options",
     ),
     "gitfs-remotes-not-a-list": (
         pillar(master={"gitfs": {"remotes": "https://git.example.com/f.git"}}),
         "master:gitfs:remotes",
-        js("https://git.example.com/f.git"),
+        multimaster_settings.MASK,
         "a list of git remote URLs",
     ),
     # types of whole sections and flags
@@ -422,3 +454,41 @@ def test_settings_error_is_a_salt_invocation_error():
 def test_defaults_alone_are_refused_for_lack_of_masters(defaults):
     with pytest.raises(multimaster_settings.SettingsError, match=r"^multimaster:masters: got null"):
         multimaster_settings.build({}, defaults)
+
+
+def test_secret_values_are_never_echoed_in_errors(defaults):
+    """
+    master:config options and gitfs remotes may carry credentials: an error names the key and
+    the expected form but masks the value.
+    """
+    data = pillar(master={"config": "hunter2-secret-marker"})
+    with pytest.raises(multimaster_settings.SettingsError) as err:
+        multimaster_settings.build(data, defaults)
+    assert "multimaster:master:config" in str(err.value)
+    assert "hunter2" not in str(err.value) and multimaster_settings.MASK in str(err.value)
+
+
+def test_redacted_settings_mask_secrets_but_keep_the_shape(defaults):
+    data = pillar(
+        master={
+            "config": {"ext_pillar_password": "hunter2", "worker_threads": 9},
+            "gitfs": {"remotes": ["https://deploy:s3cret@git.example.com/f.git"]},
+        }
+    )
+    settings = multimaster_settings.build(data, defaults)
+    master = settings["masters"][0]
+    settings["config"] = {"master": multimaster_settings.master_config(settings, master)}
+    shown = multimaster_settings.redacted_settings(settings)
+    text = json.dumps(shown)
+    assert "hunter2" not in text and "s3cret" not in text
+    assert shown["master"]["config"] == {
+        "ext_pillar_password": multimaster_settings.MASK,
+        "worker_threads": multimaster_settings.MASK,
+    }
+    assert shown["config"]["master"]["ext_pillar_password"] == multimaster_settings.MASK
+    assert shown["master"]["gitfs"]["remotes"] == [
+        f"https://{multimaster_settings.MASK}@git.example.com/f.git"
+    ]
+    assert shown["masters"] == settings["masters"]
+    # The settings themselves are untouched: templates still render the real values.
+    assert settings["master"]["config"]["ext_pillar_password"] == "hunter2"

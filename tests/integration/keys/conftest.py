@@ -142,7 +142,6 @@ def key_masters(
     master1..3 started, each with its own keypair; master1 knows the set (``multimaster:``).
     """
     pillar_dir = tmp_path_factory.mktemp(f"{key_prefix}-pillar")
-    (pillar_dir / "top.sls").write_text("base: {}\n")
     factories = [
         salt_factories.salt_master_daemon(
             _master_id(key_prefix, index),
@@ -172,10 +171,13 @@ def key_masters(
         ],
     }
     # Config dirs are only known once the factories exist: the section goes to master1's
-    # master.d (where the multimaster.master state puts it) before it first starts.
+    # master.d (where the multimaster.master state puts it) before it first starts, and to the
+    # control minions' pillar (where multimaster_peer reads its own paths).
     conf = pathlib.Path(factories[0].config_dir) / "master.d" / "multimaster.conf"
     conf.parent.mkdir(parents=True, exist_ok=True)
     conf.write_text(yaml.safe_dump({"multimaster": section}))
+    (pillar_dir / "top.sls").write_text(yaml.safe_dump({"base": {"*": ["multimaster"]}}))
+    (pillar_dir / "multimaster.sls").write_text(yaml.safe_dump({"multimaster": section}))
     try:
         _in_parallel(lambda f: f.start(start_timeout=START_TIMEOUT), factories)
         yield factories, section

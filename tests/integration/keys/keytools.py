@@ -15,11 +15,10 @@ import subprocess
 import sys
 import threading
 
-import psutil
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from ..harness import wait_for  # noqa: F401  (the key tests call keytools.wait_for)
+from ..harness import read_pid, wait_for  # noqa: F401  (the key tests use keytools.*)
 
 BIN = pathlib.Path(sys.executable).parent
 KEY_DIRS = ("minions", "minions_pre", "minions_rejected", "minions_denied")
@@ -266,12 +265,29 @@ def pingers(master, timeout=10):
 # --- processes -------------------------------------------------------------------------------
 
 
-def read_pid(pidfile):
-    with contextlib.suppress(OSError, ValueError, psutil.Error):
-        pid = int(pathlib.Path(pidfile).read_text().strip())
-        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-            return pid
-    return None
+def master_pids(masters):
+    """
+    ``{master id: pid}`` read from each master's pidfile (a restart changes it).
+    """
+    return {m.id: read_pid(m.config["pidfile"]) for m in masters}
+
+
+def last_job_kwargs(master, fun, target):
+    """
+    The keyword arguments of the newest job of ``fun`` published to ``target`` that
+    ``master``'s job cache holds (what anyone reading the job cache could replay).
+    """
+    import salt.payload
+
+    jobs = pathlib.Path(master.config["cachedir"]) / "jobs"
+    found = []
+    for path in jobs.rglob(".load.p"):
+        load = salt.payload.loads(path.read_bytes())
+        if load.get("fun") == fun and target in (load.get("tgt") or []):
+            kwargs = next(a for a in load["arg"] if isinstance(a, dict) and a.get("__kwarg__"))
+            found.append((load["jid"], kwargs))
+    assert found, f"no {fun} job to {target} in {jobs}"
+    return max(found, key=lambda item: item[0])[1]
 
 
 # --- secrets ---------------------------------------------------------------------------------

@@ -7,8 +7,10 @@ Three masters with their own keypairs (minion-key sync does not need a shared ma
 control minions' keys are synced first so that each test starts from consistent stores.
 """
 
+import base64
 import concurrent.futures
 import contextlib
+import hashlib
 import json
 
 import pytest
@@ -136,23 +138,26 @@ def test_bad_pems_refused_and_not_propagated(cluster):
     """
     Keys Salt's loader would take but that are not exactly one RSA >= 2048-bit
     SubjectPublicKeyInfo PEM (trailing junk, two PEMs, 1024-bit RSA, EC, PKCS#1, a private key)
-    planted on master1 as accepted (and an EC key pending on master2) are refused by
-    ``sync_keys``: each reported with a reason, none propagated, exit non-zero. ``accept`` of a
-    pending 1024-bit key is refused too.
+    planted on master1 as accepted are refused by ``sync_keys``: each reported with a reason,
+    none propagated, exit non-zero. Bad keys that are only pending (an EC key on master2, a
+    1024-bit key on master1) are warnings: listed, never copied. ``accept`` of the pending
+    1024-bit key is refused.
     """
     bad = keytools.bad_pems()
     entries = [(0, "minions", f"kp-bad-{name}", pem) for name, pem in bad.items()]
-    entries.append((1, "minions_pre", "kp-bad-peer-ec", bad["ec-p256"]))
-    entries.append((0, "minions_pre", "kp-bad-pending", bad["rsa-1024"]))
-    with planted(cluster, *entries):
+    pending = [
+        (1, "minions_pre", "kp-bad-peer-ec", bad["ec-p256"]),
+        (0, "minions_pre", "kp-bad-pending", bad["rsa-1024"]),
+    ]
+    with planted(cluster, *entries, *pending):
         before = cluster.snapshots()
         ret = cluster.run("sync_keys")
         assert ret.returncode != 0, ret
         invalid = ret.data.get("invalid_keys", {})
-        expected = {minion_id for _, _, minion_id, _ in entries}
-        assert set(invalid) == expected, ret.data
+        assert set(invalid) == {minion_id for _, _, minion_id, _ in entries}, ret.data
         assert all(isinstance(msg, str) and msg for msg in invalid.values()), invalid
         assert "1024" in invalid["kp-bad-rsa-1024"]
+        assert set(ret.data.get("warnings", {})) >= {"kp-bad-peer-ec", "kp-bad-pending"}
         assert cluster.snapshots() == before
 
         ret = cluster.run("accept", "minion=kp-bad-pending")
@@ -162,18 +167,61 @@ def test_bad_pems_refused_and_not_propagated(cluster):
         assert cluster.snapshots() == before
 
 
-def test_rejected_or_denied_anywhere_wins(cluster):
+def test_invalid_pending_keys_do_not_fail_a_sync(cluster):
     """
-    An id accepted on master1 but denied on master2 is never accepted on the peers (its denied
-    key is propagated); an id accepted on master1 but rejected on master3 ends rejected
-    everywhere. ``accept`` of either is refused with the reason, changing nothing.
+    A pending key with a bad id or a 1024-bit key (anyone can submit one) is a warning:
+    ``sync_keys`` and ``status`` still exit 0 (an orchestration goes on), and it is copied
+    nowhere.
+    """
+    entries = [
+        (1, "minions_pre", "kp-weak", keytools.new_public_pem(bits=1024)),
+        (1, "minions_pre", "m*", keytools.new_public_pem()),
+    ]
+    with planted(cluster, *entries):
+        before = cluster.snapshots()
+        ret = cluster.run("sync_keys")
+        assert ret.returncode == 0, ret
+        assert {"kp-weak", "m*"} <= set(ret.data.get("warnings", {})), ret.data
+        assert cluster.snapshots() == before
+
+
+def test_a_spoofed_key_does_not_freeze_the_accepted_one(cluster):
+    """
+    A client offering another key for an accepted id makes Salt store it in minions_denied by
+    itself: that spoof record is reported and copied as denied, but the accepted key still
+    reaches every master (sync_keys exits 0), and accept of that key is not refused.
     """
     m1, m2, m3 = cluster.masters
-    den_key, den_other, rej_key = (keytools.new_public_pem() for _ in range(3))
+    real, spoof = keytools.new_public_pem(), keytools.new_public_pem()
+    with planted(
+        cluster, (0, "minions", "kp-spoofed", real), (1, "minions_denied", "kp-spoofed", spoof)
+    ):
+        ret = cluster.run("sync_keys")
+        assert ret.returncode == 0, ret
+        assert set(ret.data["spoofed"]["kp-spoofed"]) == {m2.id}, ret.data
+        for master in (m1, m2, m3):
+            listed = keytools.salt_key_list(master)
+            assert "kp-spoofed" in listed["minions"], (master.id, listed)
+            assert "kp-spoofed" in listed["minions_denied"], (master.id, listed)
+            stored = (keytools.pki_dir(master) / "minions" / "kp-spoofed").read_text()
+            assert keytools.fingerprint(stored) == keytools.fingerprint(real)
+        ret = cluster.run("accept", "minion=kp-spoofed")
+        assert ret.returncode == 0, ret
+
+
+def test_rejected_or_denied_anywhere_wins(cluster):
+    """
+    An id accepted on master1 whose very key is denied on master2 (an operator's deny) is never
+    accepted on the peers (its denied key is propagated); an id accepted on master1 but rejected
+    on master3 ends rejected everywhere. ``accept`` of either is refused with the reason,
+    changing nothing.
+    """
+    m1, m2, m3 = cluster.masters
+    den_key, rej_key = keytools.new_public_pem(), keytools.new_public_pem()
     with planted(
         cluster,
         (0, "minions", "kp-den", den_key),
-        (1, "minions_denied", "kp-den", den_other),
+        (1, "minions_denied", "kp-den", den_key),
         (0, "minions", "kp-rej", rej_key),
         (2, "minions_rejected", "kp-rej", rej_key),
     ):
@@ -187,10 +235,9 @@ def test_rejected_or_denied_anywhere_wins(cluster):
             assert "kp-rej" not in listed["minions"], (master.id, listed)
         for peer in (m2, m3):
             assert "kp-den" not in keytools.salt_key_list(peer)["minions"], peer.id
-        denied_fp = keytools.fingerprint(den_other)
         for master in (m1, m3):
             stored = (keytools.pki_dir(master) / "minions_denied" / "kp-den").read_text()
-            assert keytools.fingerprint(stored) == denied_fp
+            assert keytools.fingerprint(stored) == keytools.fingerprint(den_key)
 
         before = cluster.snapshots()
         for minion_id in ("kp-den", "kp-rej"):
@@ -221,3 +268,132 @@ def test_accept_is_fingerprint_checked(cluster):
             assert "kp-fp" in listed["minions"] and "kp-fp" not in listed["minions_pre"]
             stored = (keytools.pki_dir(master) / "minions" / "kp-fp").read_text()
             assert keytools.fingerprint(stored) == fp
+
+
+def test_mass_revocation_needs_force(cluster):
+    """
+    A peer that reports most accepted keys as rejected (a compromised or broken host) does not
+    revoke the fleet: ``sync_keys`` refuses, naming the master and the share, and changes
+    nothing; with ``force=True`` the rejections propagate.
+    """
+    m1, m2, m3 = cluster.masters
+    ids = [f"kp-mass-{i}" for i in range(8)]
+    pems = keytools.pem_pool()
+    accepted = [(i, "minions", mid, pems[n]) for n, mid in enumerate(ids) for i in range(3)]
+    with planted(cluster, *accepted):
+        for n, mid in enumerate(ids):
+            keytools.write_key(m3, "minions_rejected", mid, pems[n])
+            (keytools.pki_dir(m3) / "minions" / mid).unlink()
+        before = cluster.snapshots()
+        ret = cluster.run("sync_keys")
+        assert_refused(ret, "force=True", m1.id)
+        assert cluster.snapshots() == before
+        ret = cluster.run("sync_keys", "force=True")
+        assert ret.returncode == 0, ret
+        for master in (m1, m2):
+            listed = keytools.salt_key_list(master)
+            assert set(ids) <= set(listed["minions_rejected"]), listed
+            assert not set(ids) & set(listed["minions"]), listed
+
+
+def test_peer_functions_refuse_unsigned_or_replayed_orders(cluster):
+    """
+    Someone allowed to publish ``multimaster_peer.*`` (or reading the job cache) cannot use the
+    peer side: an order that is missing, forged, or replayed from master1's job cache is
+    refused and the key store is untouched.
+    """
+    m1, m2, _ = cluster.masters
+    cm2 = cluster.control[1].id
+    pem = keytools.new_public_pem()
+    action = {
+        "id": "kp-evil",
+        "op": "accept",
+        "fp": keytools.fingerprint(pem),
+        "pub": pem,
+        "expect": None,
+    }
+    digest = hashlib.sha256(
+        json.dumps({"actions": [action]}, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
+    forged = {
+        "v": 2,
+        "purpose": "key_actions",
+        "recipient": cm2,
+        "bound": {},
+        "digest": digest,
+        "signature": base64.b64encode(b"x" * 256).decode(),
+    }
+    before = keytools.store_snapshot(m2)
+    for order, reason in (({}, "does not match"), (forged, "signature")):
+        returns = keytools.salt_cmd(
+            m1,
+            cm2,
+            "multimaster_peer.apply_key_actions",
+            f"actions={json.dumps([action])}",
+            f"order={json.dumps(order)}",
+            timeout=60,
+        )
+        assert reason in str(returns.get(cm2)), returns
+    assert keytools.store_snapshot(m2) == before
+
+    # A real order, from a real run: the job cache keeps it; replaying it must fail.
+    with planted(cluster, (0, "minions", "kp-replay", pem)):
+        ret = cluster.run("sync_keys")
+        assert ret.returncode == 0, ret
+        load = keytools.last_job_kwargs(m1, "multimaster_peer.apply_key_actions", cm2)
+        ret = keytools.run_cli("salt-key", m2.config_dir, "-d", "kp-replay", "-y")
+        assert ret.returncode == 0, ret
+        after_delete = keytools.store_snapshot(m2)
+        returns = keytools.salt_cmd(
+            m1,
+            cm2,
+            "multimaster_peer.apply_key_actions",
+            f"actions={json.dumps(load['actions'])}",
+            f"order={json.dumps(load['order'])}",
+            timeout=60,
+        )
+        assert "already used" in str(returns.get(cm2)), returns
+        assert keytools.store_snapshot(m2) == after_delete
+        assert "kp-replay" not in keytools.salt_key_list(m2)["minions"]
+
+
+def test_master_key_recipients_come_from_config_only(cluster):
+    """
+    ``sync_master_key masters=[...]`` is refused (a runner ACL must not choose who receives the
+    master's private key); a control minion with a second key for its id on any master (pending
+    on one, denied on another) is refused as a recipient: nothing is delivered, no master
+    restarts, no master key changes.
+    """
+    m1, m2, m3 = cluster.masters
+    master_keys = {m.id: master_key_files(m) for m in cluster.masters}
+    pids = keytools.master_pids(cluster.masters)
+    evil = [
+        {"id": m.id, "host": h, "minion_id": "kp-attacker"}
+        for m, h in zip(cluster.masters, cluster.hosts, strict=True)
+    ]
+    ret = cluster.run("sync_master_key", f"masters={json.dumps(evil)}")
+    assert_refused(ret, "masters= is not accepted")
+    cm2, cm3 = cluster.control[1].id, cluster.control[2].id
+    extra = [
+        keytools.write_key(m3, "minions_pre", cm2, keytools.new_public_pem()),
+        keytools.write_key(m2, "minions_denied", cm3, keytools.new_public_pem()),
+    ]
+    try:
+        ret = cluster.run("sync_master_key")
+        assert ret.returncode != 0, ret
+        for master in (m2, m3):
+            report = ret.data["masters"][master.id]
+            assert report["result"] is False and "refused" in report["error"], ret.data
+    finally:
+        # Only the planted records (and their copies): the control minions stay accepted.
+        for master in cluster.masters:
+            for path in extra:
+                copy = keytools.pki_dir(master) / path.parent.name / path.name
+                copy.unlink(missing_ok=True)
+    assert keytools.master_pids(cluster.masters) == pids
+    assert {m.id: master_key_files(m) for m in cluster.masters} == master_keys
+
+
+def master_key_files(master):
+    snap = keytools.store_snapshot(master)
+    return {k: v for k, v in snap.items() if not k.startswith(("minions", "."))}

@@ -1,0 +1,477 @@
+"""
+The master-host side of the ``multimaster`` runners: key inventory, key actions, master key
+install, served-key checks and reports, run by a master's control minion.
+
+Grant this module to no publisher ACL: only the ``multimaster`` runners call it. It trusts no
+caller anyway. Every path (config dir, pki dir, pidfile) comes from this minion's pillar
+(``multimaster:masters``, the entry whose ``minion_id`` is this minion), never from arguments.
+Every change is authorised by an order or envelope signed by the master this minion trusts
+(``minion_master.pub``) and bound to a single-use challenge this minion issued, this master and
+its config dir: a copy from a job cache cannot be replayed. Policy is re-checked here: a
+rejected or denied key is never accepted, whatever the order says.
+"""
+
+import contextlib
+import hashlib
+import logging
+import os
+import time
+
+import salt.payload
+import salt.utils.atomicfile
+import salt.utils.files
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+try:
+    import multimaster_daemon
+    import multimaster_handshake
+    import multimaster_ids
+    import multimaster_keys
+    import multimaster_keystore
+    import multimaster_seal
+    import multimaster_settings
+
+    HAS_UTILS = True
+except ImportError:
+    HAS_UTILS = False
+
+log = logging.getLogger(__name__)
+
+__virtualname__ = "multimaster_peer"
+
+# How many ids a return lists; counts are always complete.
+SAMPLE = 50
+
+
+def __virtual__():
+    if not HAS_UTILS:
+        return (False, "multimaster_peer: the multimaster_* utils are missing; run sync_all")
+    return __virtualname__
+
+
+# --- local settings --------------------------------------------------------------------------
+
+
+def _local():
+    """
+    This host's master entry (``config_dir`` resolved) and the ``multimaster`` pillar section.
+    """
+    pillar = __salt__["pillar.get"]("multimaster", {}, unmask=True)
+    try:
+        section = multimaster_settings.check_section(pillar)
+    except SaltInvocationError as exc:
+        raise CommandExecutionError(f"{__opts__['id']}: {exc}") from None
+    master = multimaster_settings.local_master(
+        section, __opts__["id"], os.path.dirname(__opts__["conf_file"])
+    )
+    if master is None:
+        raise CommandExecutionError(
+            f"{__opts__['id']} is not the control minion of any master in the pillar "
+            "multimaster:masters (target that pillar at the masters' control minions)"
+        )
+    return master, section
+
+
+def _mopts():
+    master, _ = _local()
+    return master, multimaster_keystore.master_opts(master["config_dir"])
+
+
+def _challenges():
+    return multimaster_seal.ChallengeStore(
+        os.path.join(__opts__["cachedir"], "multimaster", "challenges")
+    )
+
+
+def _binding(master):
+    """
+    A fresh challenge and what the runner must bind its next order to.
+    """
+    return {
+        "challenge": _challenges().issue(),
+        "target": master["id"],
+        "config_dir": master["config_dir"],
+    }
+
+
+def _read_own(name):
+    with salt.utils.files.fopen(os.path.join(__opts__["pki_dir"], name)) as handle:
+        return handle.read()
+
+
+def _expect(master):
+    return {"target": master["id"], "config_dir": master["config_dir"]}
+
+
+# --- minion keys -----------------------------------------------------------------------------
+
+
+def key_inventory(buckets=None, ids=None, with_pubs=False):
+    """
+    This master's minion-key inventory. Without ``buckets``/``ids``: only digests (the total and
+    one per bucket), the count and whether an interrupted run needs repair — a few KB whatever
+    the number of keys. With ``buckets`` (bucket numbers) or ``ids`` (minion ids): the entries
+    ``{id: [state, fp, ...]}`` in them and, with ``with_pubs``, their public keys. Every return
+    carries a fresh challenge for the runner's next order (``binding``).
+
+    buckets
+        List of digest bucket numbers whose entries to return.
+
+    ids
+        List of minion ids whose entries to return.
+
+    with_pubs
+        Also return the public keys of the returned entries.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master2 multimaster_peer.key_inventory
+        salt master2 multimaster_peer.key_inventory ids='[minion1]' with_pubs=True
+    """
+    master, mopts = _mopts()
+    alive = _master_alive(master, mopts)
+    wanted = None
+    if ids is not None:
+        wanted = {multimaster_ids.check_id(i, "minion id") for i in ids}
+    elif buckets is not None:
+        chosen = {int(b) for b in buckets}
+        wanted = lambda minion_id: multimaster_keys.bucket_of(minion_id) in chosen  # noqa: E731
+    full_scan = wanted is None
+    with _fingerprint_cache(mopts, full_scan) as fp_cache:
+        entries, pubs = multimaster_keystore.inventory(
+            mopts, with_pubs=with_pubs, ids=wanted, fp_cache=fp_cache
+        )
+    ret = {"alive": alive, "binding": _binding(master)}
+    if full_scan:
+        total, per_bucket = multimaster_keys.digests(entries)
+        ret.update(
+            digest=total,
+            buckets=per_bucket,
+            count=len(entries),
+            repair=multimaster_keystore.repair_needed(mopts),
+        )
+        return ret
+    ret.update(entries=entries, pubs=pubs)
+    return ret
+
+
+@contextlib.contextmanager
+def _fingerprint_cache(mopts, full_scan):
+    """
+    Fingerprints of this master's key files from the last full scan, kept in this minion's
+    cachedir (public data only): a re-run reads only the files that changed.
+    """
+    name = hashlib.sha256(mopts["pki_dir"].encode()).hexdigest()[:16]
+    path = os.path.join(__opts__["cachedir"], "multimaster", f"fingerprints-{name}.p")
+    try:
+        with salt.utils.files.fopen(path, "rb") as handle:
+            known = salt.payload.load(handle)
+    except (OSError, ValueError, TypeError):
+        known = {}
+    cache = multimaster_keystore.FingerprintCache(known if isinstance(known, dict) else {})
+    yield cache
+    if full_scan and cache.changed:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with salt.utils.atomicfile.atomic_open(path, "wb") as handle:
+            salt.payload.dump(cache.seen, handle)
+
+
+def _master_alive(master, mopts):
+    """
+    Is this host's salt-master running (a verified pid) and listening on its ret port?
+    """
+    if multimaster_daemon.verified_pid(mopts["pidfile"], "salt-master", master["config_dir"]):
+        host = mopts["interface"]
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return multimaster_daemon.wait_port(host, mopts["ret_port"], timeout=2)
+    return False
+
+
+def _checked(action):
+    """
+    ``(action, canonical pem)`` after checking id, op and that the key is canonical and has the
+    planned fingerprint; raises before anything is written.
+    """
+    if not isinstance(action, dict):
+        raise CommandExecutionError(f"key action {action!r} is not a mapping")
+    multimaster_ids.check_id(action.get("id"), "minion id")
+    if action.get("op") not in multimaster_keystore.TARGET_STATE:
+        raise CommandExecutionError(f"unknown key action {action.get('op')!r}")
+    if action["op"] == "delete":
+        return action, None
+    pem = multimaster_keys.canonical(action.get("pub"), f"key of {action['id']!r}")
+    if multimaster_keys.fingerprint(pem) != action.get("fp"):
+        raise multimaster_keys.InvalidKeyError(
+            f"key of {action['id']!r}: fingerprint {multimaster_keys.fingerprint(pem)} "
+            f"does not match the planned {action.get('fp')}"
+        )
+    return action, pem
+
+
+def apply_key_actions(actions, order):
+    """
+    Apply planned key actions to this master's key store: each ``{"id", "op"
+    (accept|pend|reject|deny|delete), "fp", "pub", "expect"}``. ``order`` is the runner's
+    signature over the actions, bound to a challenge from ``key_inventory``; without a valid one
+    nothing happens. Every id and key is checked before anything is written (a bad one refuses
+    the whole batch); an action whose id changed since it was planned (``expect``) is skipped, and
+    so is an accept of a key rejected or denied here (deny wins). Repairs what an interrupted run
+    left, and rotates the AES key when an accepted key was removed.
+
+    actions
+        The planned actions for this master.
+
+    order
+        The signed order from the runner.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.sync_keys   # the runner calls this; not meant for the CLI
+    """
+    master, mopts = _mopts()
+    multimaster_seal.check_order(
+        order,
+        {"actions": actions},
+        "key_actions",
+        __opts__["id"],
+        _read_own("minion_master.pub"),
+        _expect(master),
+        _challenges(),
+    )
+    checked = [_checked(action) for action in actions]
+    start = time.monotonic()
+    done = multimaster_keystore.apply_actions(mopts, checked)
+    log.info("multimaster: %d key change(s) in %.2fs", len(done["done"]), time.monotonic() - start)
+    counts = {}
+    for item in done["done"]:
+        counts[item["op"]] = counts.get(item["op"], 0) + 1
+    # Counts and a sample: a 10,000-key return would cost more on the wire than the work itself.
+    return {
+        "changes": counts,
+        "ids": sorted(item["id"] for item in done["done"])[:SAMPLE],
+        "skipped": done["skipped"][:SAMPLE],
+        "skipped_count": len(done["skipped"]),
+        "repaired": done["repaired"][:SAMPLE],
+        "rotated": done["rotated"],
+    }
+
+
+# --- master key ------------------------------------------------------------------------------
+
+
+def master_key_info(signing=False):
+    """
+    The public master key this master stores (or, with ``signing``, its signing key), Salt's
+    ``salt-key -F`` value for it, and a challenge for the runner's next envelope. Public data
+    only; the runner computes the fingerprint itself.
+
+    signing
+        Report the signing pair (``master_sign.pub``) instead of the master key.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master2 multimaster_peer.master_key_info
+    """
+    master, mopts = _mopts()
+    pub = multimaster_keystore.read_master_key(mopts, signing=signing)
+    return {
+        "name": multimaster_keystore.master_key_files(mopts, signing)[1],
+        "pub": pub,
+        "own_pub": multimaster_keystore.read_master_key(mopts) if signing else pub,
+        "salt_finger": pub and multimaster_keys.salt_finger(pub),
+        "binding": _binding(master),
+    }
+
+
+def _verify_served(host, port, pub, sign_pub=None, timeout=60):
+    deadline = time.monotonic() + timeout
+    while True:
+        ok, reason = multimaster_handshake.serves(__opts__, host, port, pub, sign_pub, timeout=5)
+        if ok or time.monotonic() > deadline:
+            return ok, reason
+        time.sleep(1)
+
+
+def _served_args(mopts, pub, signing):
+    # What a sign-in must prove: the master's own key, and in signing mode the signing pair too.
+    if signing:
+        return multimaster_keystore.read_master_key(mopts), pub
+    return pub, None
+
+
+def _opened_pair(envelope, master, signing):
+    """
+    Open the envelope (signed by the trusted master, bound to this master and a challenge of
+    ours) and check the pair it carries. Returns ``(pem, pub, fp)``.
+    """
+    purpose = "master_sign" if signing else "master_key"
+    body, bound = multimaster_seal.unseal(
+        envelope,
+        purpose,
+        __opts__["id"],
+        _read_own("minion.pem"),
+        _read_own("minion_master.pub"),
+        _expect(master),
+        _challenges(),
+    )
+    pub = multimaster_keys.canonical(body.get("pub"), "sealed public key")
+    fp = multimaster_keys.fingerprint(pub)
+    if bound.get("fp") != fp:
+        raise CommandExecutionError(f"sealed key {fp} is not the bound fingerprint {bound['fp']}")
+    if multimaster_keys.private_key_fingerprint(body["pem"]) != fp:
+        raise CommandExecutionError("sealed key pair: the private key does not match the public")
+    return body.pop("pem"), pub, fp
+
+
+def install_master_key(envelope, signing=False, timeout=90):
+    """
+    Install the master key pair (or signing pair) sealed to this control minion by the
+    ``sync_master_key`` runner: open and verify the envelope, stop this host's master, store the
+    pair through the key store, start the master again the way it ran (also when the store
+    failed), wait until it answers, and verify by a real sign-in that it serves the new key.
+    Never returns or logs the key.
+
+    envelope
+        The sealed envelope from the runner.
+
+    signing
+        The envelope carries the signing pair (failover with signing) instead of the master key.
+
+    timeout
+        Seconds to wait for the restarted master.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.sync_master_key   # the runner calls this; not meant for the CLI
+    """
+    master, section = _local()
+    mopts = multimaster_keystore.master_opts(master["config_dir"])
+    host, port = master["host"], int(section["ports"]["ret"])
+    pem, pub, fp = _opened_pair(envelope, master, signing)
+    result = {"fp": fp, "changed": False, "restarted": None}
+    current = multimaster_keystore.read_master_key(mopts, signing=signing)
+    if current and multimaster_keys.fingerprint(current) == fp:
+        ok, reason = _verify_served(host, port, *_served_args(mopts, pub, signing), timeout=10)
+        if ok:
+            return dict(result, served=True, reason=reason)
+    service = _service(section)
+    # Swap only while the master is stopped: a running master keeps its private key in memory.
+    stopped = multimaster_daemon.stop_now(
+        mopts["pidfile"], service, "salt-master", master["config_dir"]
+    )
+    try:
+        multimaster_keystore.install_master_key(mopts, pem, pub, signing=signing)
+    finally:
+        del pem
+        multimaster_daemon.start_now(stopped, "salt-master", master["config_dir"])
+    result.update(changed=True, restarted=stopped["service"] or "daemon")
+    if not multimaster_daemon.wait_port(host, port, timeout):
+        return dict(result, served=False, reason=f"master did not listen on {host}:{port}")
+    ok, reason = _verify_served(host, port, *_served_args(mopts, pub, signing), timeout=timeout)
+    return dict(result, served=ok, reason=reason)
+
+
+def _service(section):
+    return section.get("lookup", {}).get("master", {}).get("service", "salt-master")
+
+
+def verify_master_key(host, port, pub, sign_pub=None, timeout=30):
+    """
+    Does the master at ``host:port`` serve ``pub`` (and sign it with ``sign_pub``'s pair)?
+    Checked by a real sign-in with this minion's own key, which must be accepted there. Changes
+    nothing.
+
+    host, port
+        The master's address and ret port.
+
+    pub
+        The public key the master should serve (PEM).
+
+    sign_pub
+        The signing public key (PEM) the master's signature must verify with, in signing mode.
+
+    timeout
+        Seconds to keep trying.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master1 multimaster_peer.verify_master_key 127.0.0.3 4506 "$(cat master.pub)"
+    """
+    ok, reason = _verify_served(host, int(port), pub, sign_pub, timeout=float(timeout))
+    return {"served": ok, "reason": reason}
+
+
+# --- reports ---------------------------------------------------------------------------------
+
+
+def master_report(signing=False, ping_timeout=5):
+    """
+    What ``salt-run multimaster.status`` needs from this host in one call: the key inventory
+    digests, the stored master key (or signing key), problems of the key store, and the minions
+    that answer ``test.ping`` from this master.
+
+    signing
+        Report the signing key instead of the master key.
+
+    ping_timeout
+        Seconds the ``test.ping`` waits for minions.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master2 multimaster_peer.master_report
+    """
+    report = {
+        "keys": key_inventory(),
+        "master_key": master_key_info(signing=signing),
+        "store_problems": _store_problems(signing),
+        "answering": [],
+    }
+    for part in ("keys", "master_key"):
+        report[part].pop("binding")
+    report["alive"] = report["keys"]["alive"]
+    if report["alive"]:
+        report["answering"] = ping_minions(timeout=ping_timeout)
+    return report
+
+
+def _store_problems(signing):
+    _, mopts = _mopts()
+    problems = multimaster_keystore.store_problems(mopts)
+    problems += multimaster_keystore.master_key_pair_problems(mopts)
+    if signing:
+        problems += multimaster_keystore.master_key_pair_problems(mopts, signing=True)
+    return problems
+
+
+def ping_minions(timeout=5):
+    """
+    The minions that answer ``test.ping`` published by this host's master.
+
+    timeout
+        Seconds to wait for returns.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master2 multimaster_peer.ping_minions
+    """
+    import salt.client
+
+    master, _ = _local()
+    with salt.client.get_local_client(os.path.join(master["config_dir"], "master")) as client:
+        returns = client.cmd("*", "test.ping", timeout=int(timeout))
+    return sorted(minion for minion, ret in returns.items() if ret is True)

@@ -1,0 +1,89 @@
+"""
+The runner never trusts what a control minion returns: a malformed or oversized return becomes a
+clear per-master error (and retcode 1), never a TypeError, and nothing is applied on its word.
+The publish itself is replaced by canned returns: only the runner's handling is under test.
+"""
+
+import contextlib
+
+import pytest
+
+from .helpers import load_module
+
+SECTION = {
+    "mode": "hot",
+    "ports": {"publish": 4505, "ret": 4506},
+    "masters": [
+        {"id": "m1", "host": "10.0.0.1", "minion_id": "cm1"},
+        {"id": "m2", "host": "10.0.0.2", "minion_id": "cm2"},
+    ],
+}
+GOOD_DIGESTS = {
+    "alive": True,
+    "digest": "0" * 64,
+    "buckets": {},
+    "count": 0,
+    "repair": False,
+    "binding": {"challenge": "c" * 64, "target": "m1", "config_dir": "/etc/salt"},
+}
+
+
+class FakeClient:
+    def __init__(self, returns):
+        self.returns = returns
+        self.calls = []
+
+    def cmd(self, tgt, fun, **kwargs):
+        self.calls.append(fun)
+        return {minion: {"ret": ret, "retcode": 0} for minion, ret in self.returns.items()}
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    module = load_module("multimaster_runner_returns", "_runners/multimaster.py")
+    module.__opts__ = {"multimaster": SECTION, "conf_file": "/etc/salt/master"}
+    module.__context__ = {}
+
+    def use(returns):
+        client = FakeClient(returns)
+        monkeypatch.setattr(
+            module.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(client)
+        )
+        return client
+
+    module.use = use
+    return module
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "not a dict",
+        ["a", "list"],
+        {"alive": True, "digest": 5},
+        {"alive": True, "digest": "0" * 64, "buckets": {"x": "y"}, "count": 1, "repair": False},
+        dict(GOOD_DIGESTS, buckets={str(i): "0" * 16 for i in range(5000)}),
+    ],
+    ids=["string", "list", "digest-not-a-string", "bucket-not-a-number", "too-many-buckets"],
+)
+def test_malformed_inventory_is_a_per_master_error(runner, bad):
+    client = runner.use({"cm1": GOOD_DIGESTS, "cm2": bad})
+    ret = runner.sync_keys()
+    assert ret["retcode"] == 1 and runner.__context__["retcode"] == 1
+    assert ret["masters"]["m2"]["result"] is False, ret
+    assert isinstance(ret["masters"]["m2"]["error"], str) and ret["masters"]["m2"]["error"]
+    assert "multimaster_peer.apply_key_actions" not in client.calls
+
+
+def test_malformed_status_report_is_a_per_master_error(runner):
+    runner.use({"cm1": {"keys": GOOD_DIGESTS, "master_key": {}}, "cm2": {"keys": {}}})
+    ret = runner.status()
+    assert ret["retcode"] == 1
+    assert ret["masters"]["m1"]["reachable"] is False or ret["masters"]["m2"]["reachable"] is False
+
+
+def test_sync_master_key_refuses_recipients_from_arguments(runner):
+    client = runner.use({})
+    ret = runner.sync_master_key(masters=[{"id": "m1", "host": "h", "minion_id": "evil"}])
+    assert ret["retcode"] == 1 and "masters= is not accepted" in ret["comment"]
+    assert client.calls == []
