@@ -16,39 +16,28 @@ keys across ids). Usage: ``python bench/bench_sync_keys.py [--keys 10000] [--rep
 """
 
 import argparse
-import contextlib
-import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import time
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The daemon toolkit shared with the formula's own restarts, the lab and the tests.
-sys.path.insert(0, os.path.join(ROOT, "_utils"))
+# The dev toolkit shared with the lab and the tests.
+sys.path.insert(0, ROOT)
 
-from multimaster_daemon import read_pid, wait_for  # noqa: E402
+from tests.support import devkit  # noqa: E402
 
 RUN = os.path.join(ROOT, "bench", "run")
-BIN = os.path.dirname(sys.executable)
-PORTS = {"publish": 32000, "ret": 32001}
+PORTS = devkit.Ports(publish=32000, ret=32001)
 MASTERS = [("master1", "127.0.0.11"), ("master2", "127.0.0.12"), ("master3", "127.0.0.13")]
 
 
-def cli(name, *args, timeout=600):
-    return subprocess.run(
-        [os.path.join(BIN, name), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+def cli(name, config_dir, *args, out=None):
+    """
+    ``name -c config_dir args`` (a Salt CLI of this venv); ``out`` is its ``--out``.
+    """
+    return devkit.salt_cli(name, config_dir, *args, out=out, timeout=600)
 
 
 def timed(fn):
@@ -64,45 +53,36 @@ def write(path, text):
 
 
 def section():
-    return {
-        "mode": "hot",
-        "ports": PORTS,
-        "masters": [
-            {"id": mid, "host": ip, "config_dir": os.path.join(RUN, mid)} for mid, ip in MASTERS
-        ],
-    }
+    return devkit.multimaster_section(
+        [devkit.master_entry(mid, ip, os.path.join(RUN, mid)) for mid, ip in MASTERS], PORTS
+    )
 
 
 def master_config(mid, ip):
-    conf = {
-        "root_dir": os.path.join(RUN, mid),
-        "user": "root",
-        "interface": ip,
-        "publish_port": PORTS["publish"],
-        "ret_port": PORTS["ret"],
-        "worker_threads": 3,
-        "log_file": os.path.join(RUN, mid, "master.log"),
-        "log_level_logfile": "info",
+    return devkit.loopback_master(
+        ip,
+        PORTS,
+        root_dir=os.path.join(RUN, mid),
+        user="root",
+        log_file=os.path.join(RUN, mid, "master.log"),
+        log_level_logfile="info",
         # Only the formula: the checkout also holds .venv and bench/run (keys) - never serve those.
-        "file_roots": {"base": [os.path.join(RUN, "formula")]},
+        file_roots={"base": [os.path.join(RUN, "formula")]},
         # The control minions read their own master's paths from the multimaster pillar.
-        "pillar_roots": {"base": [os.path.join(RUN, "pillar")]},
-        "multimaster": section(),
-    }
-    return json.dumps(conf)
+        pillar_roots={"base": [os.path.join(RUN, "pillar")]},
+        multimaster=section(),
+    )
 
 
 def minion_config(mid):
-    conf = {
-        "id": mid,
-        "root_dir": os.path.join(RUN, f"{mid}-minion"),
-        "user": "root",
-        "master": MASTERS[0][1],
-        "master_port": PORTS["ret"],
-        "log_file": os.path.join(RUN, f"{mid}-minion", "minion.log"),
-        "acceptance_wait_time": 1,
-    }
-    return json.dumps(conf)
+    return devkit.loopback_minion(
+        MASTERS[0][1],
+        PORTS,
+        id=mid,
+        root_dir=os.path.join(RUN, f"{mid}-minion"),
+        user="root",
+        log_file=os.path.join(RUN, f"{mid}-minion", "minion.log"),
+    )
 
 
 def pidfiles():
@@ -115,33 +95,15 @@ def pidfiles():
 def stop_all():
     if not os.path.isdir(RUN):
         return
-    for pid in filter(None, map(read_pid, pidfiles())):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGTERM)
-    time.sleep(2)
+    devkit.stop_pids(filter(None, map(devkit.read_pid, pidfiles())))
 
 
 def wait(what, check, timeout=120):
-    if not wait_for(check, timeout, interval=1):
-        raise SystemExit(f"timed out waiting for {what}; see logs under {RUN}")
+    devkit.wait_until(f"{what}; see logs under {RUN}", check, timeout, error=SystemExit)
 
 
 def pki(mid):
     return os.path.join(RUN, mid, "etc", "salt", "pki", "master")
-
-
-def key_pool(size):
-    pool = []
-    for _ in range(size):
-        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        pool.append(
-            key.public_key()
-            .public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-            .decode()
-        )
-    return pool
 
 
 def setup(keys):
@@ -149,27 +111,26 @@ def setup(keys):
     shutil.rmtree(RUN, ignore_errors=True)
     for part in ("multimaster", "_modules", "_runners", "_states", "_utils"):
         shutil.copytree(os.path.join(ROOT, part), os.path.join(RUN, "formula", part))
-    write(os.path.join(RUN, "pillar", "top.sls"), json.dumps({"base": {"*": ["multimaster"]}}))
-    write(os.path.join(RUN, "pillar", "multimaster.sls"), json.dumps({"multimaster": section()}))
+    devkit.write_multimaster_pillar(os.path.join(RUN, "pillar"), section())
     for mid, ip in MASTERS:
-        write(os.path.join(RUN, mid, "master"), master_config(mid, ip))
-        write(os.path.join(RUN, f"{mid}-minion", "minion"), minion_config(mid))
+        devkit.write_config(os.path.join(RUN, mid, "master"), master_config(mid, ip))
+        devkit.write_config(os.path.join(RUN, f"{mid}-minion", "minion"), minion_config(mid))
     for mid, _ in MASTERS:
-        cli("salt-master", "-c", os.path.join(RUN, mid), "-d")
+        cli("salt-master", os.path.join(RUN, mid), "-d")
     for mid, _ in MASTERS:
-        cli("salt-minion", "-c", os.path.join(RUN, f"{mid}-minion"), "-d")
+        cli("salt-minion", os.path.join(RUN, f"{mid}-minion"), "-d")
     m1 = os.path.join(RUN, "master1")
 
     def pending():
-        out = cli("salt-key", "-c", m1, "-l", "pre", "--out=json").stdout
-        return out and len(json.loads(out).get("minions_pre", [])) == len(MASTERS)
+        listed = cli("salt-key", m1, "-l", "pre", out="json").data or {}
+        return len(listed.get("minions_pre", [])) == len(MASTERS)
 
     wait("control minion keys", pending)
-    cli("salt-key", "-c", m1, "-A", "-y")
+    cli("salt-key", m1, "-A", "-y")
     wait("control minions", lambda: ping(m1).count("True") == len(MASTERS))
-    cli("salt", "-c", m1, "*", "saltutil.sync_all", "-t", "60")
-    cli("salt-run", "-c", m1, "saltutil.sync_all")
-    pool = key_pool(64)
+    cli("salt", m1, "*", "saltutil.sync_all", "-t", "60")
+    cli("salt-run", m1, "saltutil.sync_all")
+    pool = devkit.public_pem_pool(64)
     accepted = os.path.join(pki("master1"), "minions")
     for i in range(keys):
         write(os.path.join(accepted, f"bench-{i:05d}"), pool[i % len(pool)])
@@ -177,11 +138,11 @@ def setup(keys):
 
 
 def ping(m1, targets="*", tgt_type=()):
-    return cli("salt", "-c", m1, *tgt_type, targets, "test.ping", "-t", "10", "--out=txt").stdout
+    return cli("salt", m1, *tgt_type, targets, "test.ping", "-t", "10", out="txt").stdout
 
 
 def sync(m1):
-    out = cli("salt-run", "-c", m1, "multimaster.sync_keys", "--out=json")
+    out = cli("salt-run", m1, "multimaster.sync_keys", out="json")
     if out.returncode != 0:
         raise SystemExit(f"sync_keys failed ({out.returncode}): {out.stdout[-2000:]}")
     return out

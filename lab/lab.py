@@ -38,12 +38,10 @@ the directory of that interpreter.
 import argparse
 import concurrent.futures
 import contextlib
-import json
 import os
 import pwd
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -52,20 +50,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-# The daemon toolkit shared with the formula's own restarts, the bench and the tests.
-sys.path.insert(0, str(REPO / "_utils"))
+# The dev toolkit shared with the bench and the tests.
+sys.path.insert(0, str(REPO))
 
-import multimaster_daemon  # noqa: E402
-from multimaster_daemon import port_open  # noqa: E402
+from tests.support import devkit  # noqa: E402
+from tests.support.devkit import BIN, port_open  # noqa: E402
 
 RUN = REPO / "lab" / "run"
 PILLAR = RUN / "pillar"
-BIN = Path(sys.executable).parent
 
-PORTS = {"publish": 24505, "ret": 24506}
+PORTS = devkit.Ports(publish=24505, ret=24506)
 MASTERS = {"master1": "127.0.0.2", "master2": "127.0.0.3"}
 # Minion id -> the role the demo gives it. master1/master2 are the masters' control minions.
 MINIONS = {
@@ -212,42 +208,38 @@ def cli(name):
     return str(path)
 
 
-def run(args, timeout, check=True):
-    """Run a command, capture its output, raise LabError on timeout or (with check) failure."""
+def run(name, config_dir, *args, timeout, out=None, check=True):
+    """
+    Salt CLI ``name`` against ``config_dir`` (``devkit.salt_cli``, ``--out=<out>``) from the
+    checkout; LabError on timeout or (with ``check``) a non-zero exit.
+    """
+    cmdline = " ".join([cli(name), "-c", str(config_dir), *map(str, args)])
     try:
-        proc = subprocess.run(
-            args, capture_output=True, text=True, timeout=timeout, check=False, cwd=REPO
-        )
+        result = devkit.salt_cli(name, config_dir, *args, out=out, timeout=timeout, cwd=REPO)
     except subprocess.TimeoutExpired as exc:
-        raise LabError(f"timed out after {timeout}s: {' '.join(args)}") from exc
-    if check and proc.returncode != 0:
+        raise LabError(f"timed out after {timeout}s: {cmdline}") from exc
+    if check and result.returncode != 0:
         raise LabError(
-            f"exit code {proc.returncode}: {' '.join(args)}\n{proc.stdout}{proc.stderr}".rstrip()
+            f"exit code {result.returncode}: {cmdline}\n{result.stdout}{result.stderr}".rstrip()
         )
-    return proc
+    return result
 
 
 def salt(on_master, target, fun, *args, timeout=30, list_target=False):
     """
-    Run ``salt`` on master ``on_master``; returns the JSON result ({minion id: return}) and the
-    finished process. Minions that did not return map to Salt's "did not return" message.
+    Run ``salt`` on master ``on_master``; returns the JSON result ({minion id: return}).
+    Minions that did not return map to Salt's "did not return" message.
     """
-    cmd = [cli("salt"), "-c", str(master(on_master).dir), "--out", "json", "--static"]
-    cmd += ["-t", str(timeout)]
-    if list_target:
-        cmd.append("-L")
-    cmd += [target, fun, *args]
-    proc = run(cmd, timeout=timeout + 60, check=False)
-    try:
-        data = json.loads(proc.stdout) if proc.stdout.strip() else {}
-    except json.JSONDecodeError:
-        data = {}
-    return data if isinstance(data, dict) else {}, proc
+    argv = ["--static", "-t", timeout, *(["-L"] if list_target else []), target, fun, *args]
+    result = run(
+        "salt", master(on_master).dir, *argv, timeout=timeout + 60, out="json", check=False
+    )
+    return result.data if isinstance(result.data, dict) else {}
 
 
 def read_pid(daemon):
     """The live (not zombie) pid recorded in the daemon's pidfile, else None."""
-    return multimaster_daemon.read_pid(daemon.pidfile)
+    return devkit.read_pid(daemon.pidfile)
 
 
 def wait_for(what, check, timeout, interval=1.0, logs=()):
@@ -255,16 +247,14 @@ def wait_for(what, check, timeout, interval=1.0, logs=()):
     Call ``check`` until it returns something truthy (which is returned); LabError naming
     ``what`` and showing ``logs`` once ``timeout`` passes.
     """
-    result = multimaster_daemon.wait_for(check, timeout, interval)
-    if not result:
-        raise LabError(f"timed out after {timeout}s waiting for {what}", logs)
-    return result
+    return devkit.wait_until(
+        what, check, timeout, interval, error=lambda message: LabError(message, logs)
+    )
 
 
 def start_daemon(daemon):
     """Start a lab daemon in the background and wait until its pidfile names a live process."""
-    args = [cli(f"salt-{daemon.role}"), "-c", str(daemon.dir), "-d"]
-    proc = run(args, timeout=DAEMON_START_TIMEOUT, check=False)
+    proc = run(f"salt-{daemon.role}", daemon.dir, "-d", timeout=DAEMON_START_TIMEOUT, check=False)
     if proc.returncode != 0:
         raise LabError(
             f"{daemon.label} failed to start ({proc.returncode}): {proc.stderr.strip()}",
@@ -282,7 +272,7 @@ def start_daemon(daemon):
 def wait_master_listening(name):
     """Wait until master ``name`` accepts connections on its publish and ret ports."""
     daemon = master(name)
-    for port in PORTS.values():
+    for port in (PORTS.publish, PORTS.ret):
         wait_for(
             f"{daemon.label} to listen on {MASTERS[name]}:{port}",
             lambda port=port: read_pid(daemon) and port_open(MASTERS[name], port),
@@ -304,23 +294,8 @@ def wait_restarted(daemon, old_pid):
 
 
 def stop_pids(pids):
-    """
-    SIGTERM the processes ``pids`` at once, wait for them and their children to exit, SIGKILL
-    whatever is left after the stop timeout.
-    """
-    procs = []
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            procs += [proc] + proc.children(recursive=True)
-            proc.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=DAEMON_STOP_TIMEOUT)
-    for leftover in alive:
-        with contextlib.suppress(psutil.Error):
-            leftover.kill()
-    psutil.wait_procs(alive, timeout=5)
+    """SIGTERM ``pids`` and wait for them and their children; SIGKILL what outlives the timeout."""
+    devkit.stop_pids(pids, timeout=DAEMON_STOP_TIMEOUT)
 
 
 def stop_daemon(daemon):
@@ -362,13 +337,6 @@ def stop_all():
 # Configuration
 
 
-def write_yaml(path, data, header):
-    """Write ``data`` as YAML under a comment header, creating parent directories."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    body = yaml.safe_dump(data, default_flow_style=False, sort_keys=False)
-    path.write_text(f"# {header}\n{body}")
-
-
 def daemon_options(daemon):
     """Options every lab daemon gets: its id and every path inside lab/run/<host>/."""
     return {
@@ -388,16 +356,13 @@ def master_options(name):
     """Base config of a lab master. Only master1 has roots: master2 gets them from the formula."""
     options = daemon_options(master(name))
     options.update(
-        {
-            "interface": MASTERS[name],
-            "publish_port": PORTS["publish"],
-            "ret_port": PORTS["ret"],
-            "worker_threads": 2,
-            "open_mode": False,
-            "auto_accept": False,
+        devkit.loopback_master(
+            MASTERS[name],
+            PORTS,
+            worker_threads=2,
             # How long `salt` waits for minions that missed a publish (default 10s).
-            "gather_job_timeout": 2,
-        }
+            gather_job_timeout=2,
+        )
     )
     if name == "master1":
         options.update(roots_options())
@@ -417,17 +382,15 @@ def minion_options(name):
     """Base config of a lab minion: it knows only master1 until the formula says otherwise."""
     options = daemon_options(minion(name))
     options.update(
-        {
-            "master": MASTERS["master1"],
-            "master_port": PORTS["ret"],
-            "publish_port": PORTS["publish"],
+        devkit.loopback_minion(
+            MASTERS["master1"],
+            PORTS,
             # Lab pace: retry auth every 2s while the key is pending (default 10s), and give up on
             # a request after 20s (default 60s) - a request caught by a master restart otherwise
             # stalls the minion's returns for a full minute.
-            "acceptance_wait_time": 2,
-            "acceptance_wait_time_max": 2,
-            "request_channel_timeout": 20,
-        }
+            acceptance_wait=2,
+            request_channel_timeout=20,
+        )
     )
     return options
 
@@ -435,21 +398,20 @@ def minion_options(name):
 def multimaster_pillar():
     """The ``multimaster`` pillar every minion gets (hot mode, both masters, lab paths)."""
     roots = roots_options()
-    return {
-        "mode": "hot",
-        "install_packages": False,
-        "manage_services": True,
-        "ports": dict(PORTS),
-        "masters": [
-            {"id": name, "host": ip, "interface": ip, "config_dir": str(master(name).dir)}
+    return devkit.multimaster_section(
+        [
+            devkit.master_entry(name, ip, master(name).dir, interface=ip)
             for name, ip in MASTERS.items()
         ],
-        "master": {
+        PORTS,
+        install_packages=False,
+        manage_services=True,
+        master={
             "file_roots": roots["file_roots"],
             "pillar_roots": roots["pillar_roots"],
             "config": {"file_ignore_regex": FILE_IGNORE_REGEX},
         },
-    }
+    )
 
 
 def failover_pillar():
@@ -467,13 +429,13 @@ def failover_pillar():
 def write_pillar():
     """lab/run/pillar: top.sls, multimaster.sls ('*'), multimaster_failover.sls (minion2)."""
     top = {"base": {"*": ["multimaster"], FAILOVER_MINION: ["multimaster_failover"]}}
-    write_yaml(PILLAR / "top.sls", top, "Lab pillar top file (written by lab/lab.py)")
-    write_yaml(
+    devkit.write_config(PILLAR / "top.sls", top, "Lab pillar top file (written by lab/lab.py)")
+    devkit.write_config(
         PILLAR / "multimaster.sls",
         {"multimaster": multimaster_pillar()},
         "Hot multi-master: every minion talks to both masters",
     )
-    write_yaml(
+    devkit.write_config(
         PILLAR / "multimaster_failover.sls",
         {"multimaster": failover_pillar()},
         f"{FAILOVER_MINION} only: one master at a time",
@@ -483,9 +445,9 @@ def write_pillar():
 def write_configs():
     """Config of every daemon (lab/run/<host>/master, lab/run/<host>/minion) and the pillar."""
     for name in MASTERS:
-        write_yaml(master(name).dir / "master", master_options(name), f"lab master {name}")
+        devkit.write_config(master(name).dir / "master", master_options(name), f"lab master {name}")
     for name in MINIONS:
-        write_yaml(minion(name).dir / "minion", minion_options(name), f"lab minion {name}")
+        devkit.write_config(minion(name).dir / "minion", minion_options(name), f"lab minion {name}")
     write_pillar()
 
 
@@ -495,11 +457,7 @@ def write_configs():
 
 def key_lists(on_master):
     """``salt-key -L`` of a master as a dict of state -> ids."""
-    proc = run(
-        [cli("salt-key"), "-c", str(master(on_master).dir), "-L", "--out", "json"],
-        timeout=60,
-    )
-    return json.loads(proc.stdout or "{}")
+    return run("salt-key", master(on_master).dir, "-L", timeout=60, out="json").data or {}
 
 
 def accept_minion_keys(on_master):
@@ -512,7 +470,7 @@ def accept_minion_keys(on_master):
         logs=[minion(name).log for name in MINIONS],
     )
     for name in MINIONS:
-        run([cli("salt-key"), "-c", str(master(on_master).dir), "-a", name, "-y"], timeout=60)
+        run("salt-key", master(on_master).dir, "-a", name, "-y", timeout=60)
     accepted = set(key_lists(on_master).get("minions", []))
     if not wanted <= accepted:
         raise LabError(f"keys not accepted on {on_master}: {sorted(wanted - accepted)}")
@@ -523,23 +481,14 @@ def salt_run(fun, *args, timeout=300, check=True):
     ``salt-run`` on master1 (the primary). Returns the runner's return (the last JSON document
     printed; progress events come before it).
     """
-    cmd = [cli("salt-run"), "-c", str(master("master1").dir), "--out", "json", fun, *args]
-    proc = run(cmd, timeout=timeout, check=False)
-    decoder, text, docs, at = json.JSONDecoder(), proc.stdout, [], 0
-    while True:
-        while at < len(text) and text[at].isspace():
-            at += 1
-        if at >= len(text):
-            break
-        try:
-            doc, at = decoder.raw_decode(text, at)
-        except json.JSONDecodeError:
-            break
-        docs.append(doc)
-    result = docs[-1] if docs and isinstance(docs[-1], dict) else {}
-    if check and proc.returncode != 0:
-        raise LabError(f"salt-run {fun} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
-    return result
+    result = run(
+        "salt-run", master("master1").dir, fun, *args, timeout=timeout, out="json", check=False
+    )
+    if check and result.returncode != 0:
+        raise LabError(
+            f"salt-run {fun} failed ({result.returncode}):\n{result.stdout}{result.stderr}"
+        )
+    return result.data if isinstance(result.data, dict) else {}
 
 
 def status_lines(title, status):
@@ -578,7 +527,7 @@ def answering(on_master, targets, timeout=5):
     """The subset of ``targets`` that answers ``test.ping`` from ``on_master``."""
     if not read_pid(master(on_master)):
         return set()
-    data, _ = salt(on_master, ",".join(targets), "test.ping", timeout=timeout, list_target=True)
+    data = salt(on_master, ",".join(targets), "test.ping", timeout=timeout, list_target=True)
     return {mid for mid, ret in data.items() if ret is True}
 
 
@@ -619,7 +568,7 @@ def check_returns(data, targets, what, on_master):
 
 def sync_all(on_master):
     """``saltutil.sync_all`` on every minion: brings the formula's modules, states and utils."""
-    data, _ = salt(on_master, "*", "saltutil.sync_all", timeout=120)
+    data = salt(on_master, "*", "saltutil.sync_all", timeout=120)
     check_returns(data, MINIONS, "saltutil.sync_all", on_master)
     for mid in MINIONS:
         if not any("multimaster" in name for name in data[mid].get("modules", [])):
@@ -631,7 +580,7 @@ def apply_state(on_master, targets, sls):
     ``state.apply sls`` on ``targets`` from ``on_master``; returns the ids whose run scheduled
     a daemon restart (the formula restarts after the job has returned).
     """
-    data, _ = salt(
+    data = salt(
         on_master, ",".join(targets), "state.apply", sls, timeout=STATE_TIMEOUT, list_target=True
     )
     check_returns(data, targets, f"state.apply {sls}", on_master)
@@ -645,7 +594,7 @@ def apply_state(on_master, targets, sls):
 
 def active_master(on_master, mid):
     """The master address ``mid`` says it is connected to (asked through ``on_master``)."""
-    data, _ = salt(on_master, mid, "multimaster.active_master", timeout=10)
+    data = salt(on_master, mid, "multimaster.active_master", timeout=10)
     ret = data.get(mid)
     return ret.get("master") if isinstance(ret, dict) else None
 
@@ -664,7 +613,10 @@ def clean():
 def check_ports_free():
     """Refuse to start when something already listens on the lab's addresses and ports."""
     busy = [
-        f"{ip}:{port}" for ip in MASTERS.values() for port in PORTS.values() if port_open(ip, port)
+        f"{ip}:{port}"
+        for ip in MASTERS.values()
+        for port in (PORTS.publish, PORTS.ret)
+        if port_open(ip, port)
     ]
     if busy:
         raise LabError(f"already in use: {', '.join(busy)} (another lab? try: lab.py down)")

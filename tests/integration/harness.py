@@ -5,7 +5,6 @@ acceptance with ``salt-key``, per-minion pillar, bounded waits, and clean-up of 
 """
 
 import contextlib
-import dataclasses
 import logging
 import os
 import pathlib
@@ -15,17 +14,19 @@ import sys
 import time
 
 import psutil
-import yaml
 from pytestshellutils.exceptions import FactoryTimeout
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-# The daemon toolkit shared with the formula's own restarts, the lab and the bench.
-if str(REPO_ROOT / "_utils") not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT / "_utils"))
+# The dev toolkit shared with the lab and the bench (it re-exports the formula's pid helpers).
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
 
-import multimaster_daemon  # noqa: E402
+from tests.support import devkit  # noqa: E402
+
+# The publish/ret pair every master of one test module binds (each on its own address).
+Ports = devkit.Ports
 
 MASTER_HOSTS = ("127.0.0.2", "127.0.0.3")
 START_TIMEOUT = 90
@@ -33,34 +34,20 @@ START_TIMEOUT = 90
 FILE_IGNORE_REGEX = [r"^\.venv(/|$)", r"^\.git(/|$)", r"(^|/)__pycache__(/|$)", r"^lab/run(/|$)"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Ports:
-    """
-    The publish/ret pair every master of one test module binds (each on its own address).
-    """
-
-    publish: int
-    ret: int
-
-
 def master_overrides(host, ports, pillar_dir, serve_repo=True, **extra):
     """
     Master options for a test master bound to ``host``: keys must be accepted explicitly, and
     (with ``serve_repo``) the repository root is on ``file_roots`` as a user's checkout would be.
     """
-    config = {
-        "interface": host,
-        "publish_port": ports.publish,
-        "ret_port": ports.ret,
-        "open_mode": False,
-        "auto_accept": False,
-        "worker_threads": 3,  # the minimum Salt accepts
-        "gather_job_timeout": 5,
-        "pillar_roots": {"base": [str(pillar_dir)]},
+    config = devkit.loopback_master(
+        host,
+        ports,
+        gather_job_timeout=5,
+        pillar_roots={"base": [str(pillar_dir)]},
         # The factories default to 0 (walk the roots on every request); the repo holds a venv.
-        "fileserver_list_cache_time": 30,
-        "file_ignore_regex": FILE_IGNORE_REGEX,
-    }
+        fileserver_list_cache_time=30,
+        file_ignore_regex=FILE_IGNORE_REGEX,
+    )
     if serve_repo:
         config["file_roots"] = {"base": [str(REPO_ROOT)]}
     config.update(extra)
@@ -69,18 +56,11 @@ def master_overrides(host, ports, pillar_dir, serve_repo=True, **extra):
 
 def minion_overrides(host, ports, **extra):
     """
-    Minion options for a minion that knows only the master at ``host``.
+    Minion options for a minion that knows only the master at ``host`` (or ``master=`` in
+    ``extra``, which wins).
     """
-    config = {
-        "master": host,
-        "master_port": ports.ret,
-        "publish_port": ports.publish,
-        "retry_dns": 0,
-        "acceptance_wait_time": 1,
-        "acceptance_wait_time_max": 1,
-    }
-    config.update(extra)
-    return config
+    extra = {"retry_dns": 0, **extra}
+    return devkit.loopback_minion(extra.pop("master", host), ports, **extra)
 
 
 class KeyAcceptor:
@@ -96,12 +76,17 @@ class KeyAcceptor:
     def expect(self, minion_id):
         self.expected.add(minion_id)
 
+    def wants(self, master, minion_id):
+        """
+        Accept the pending key of ``minion_id`` on ``master`` now? Once per master: a later
+        submission is a retry the minion sent before it learnt of the acceptance.
+        """
+        return minion_id in self.expected and (master.id, minion_id) not in self.accepted
+
     def __call__(self, master, payload):
         minion_id = payload.get("id")
-        if payload.get("act") != "pend" or minion_id not in self.expected:
+        if payload.get("act") != "pend" or not self.wants(master, minion_id):
             return
-        if (master.id, minion_id) in self.accepted:
-            return  # a retry the minion sent before it learnt of the acceptance
         ret = master.salt_key_cli().run("-a", minion_id, "-y")
         assert ret.returncode == 0, ret
         self.accepted.append((master.id, minion_id))
@@ -190,7 +175,7 @@ def kill_daemons_of(config_dir, timeout=15):
 
 
 # The live (not zombie) pid in a pidfile, else None; the tests import it from here.
-read_pid = multimaster_daemon.read_pid
+read_pid = devkit.read_pid
 
 
 def wait_for(predicate, timeout, interval=1.0, what="condition"):
@@ -198,10 +183,7 @@ def wait_for(predicate, timeout, interval=1.0, what="condition"):
     Call ``predicate`` until it returns something truthy; return it. AssertionError naming
     ``what`` after ``timeout`` s.
     """
-    result = multimaster_daemon.wait_for(predicate, timeout, interval)
-    if not result:
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-    return result
+    return devkit.wait_until(what, predicate, timeout, interval)
 
 
 def ping(salt_cli, minion_id, timeout=3):
@@ -239,11 +221,11 @@ class PillarTree:
 
     def _write_top(self):
         top = {"base": {mid: [self._sls(mid)] for mid in sorted(self.data)}}
-        (self.root / "top.sls").write_text(yaml.safe_dump(top))
+        devkit.write_config(self.root / "top.sls", top)
 
     def set(self, minion_id, data):
         self.data[minion_id] = data
-        (self.root / f"{self._sls(minion_id)}.sls").write_text(yaml.safe_dump(data))
+        devkit.write_config(self.root / f"{self._sls(minion_id)}.sls", data)
         self._write_top()
 
     @contextlib.contextmanager
@@ -263,24 +245,15 @@ def master_entry(master, host, **extra):
     """
     One ``multimaster:masters`` item for a factory master bound to ``host``.
     """
-    entry = {"id": master.id, "host": host, "interface": host, "config_dir": master.config_dir}
-    entry.update(extra)
-    return entry
+    return devkit.master_entry(master.id, host, master.config_dir, **{"interface": host, **extra})
 
 
 def multimaster_pillar(masters, ports, **options):
     """
     The ``multimaster`` pillar for the lab: configure only, services managed.
     """
-    section = {
-        "mode": "hot",
-        "install_packages": False,
-        "manage_services": True,
-        "ports": {"publish": ports.publish, "ret": ports.ret},
-        "masters": list(masters),
-    }
-    section.update(options)
-    return {"multimaster": section}
+    options = {"install_packages": False, "manage_services": True, **options}
+    return {"multimaster": devkit.multimaster_section(masters, ports, **options)}
 
 
 def state_returns(ret):

@@ -1,45 +1,29 @@
 """
-Keys made at test time (no key material is stored in the repository).
+Keys made at test time (no key material is stored in the repository), by the dev toolkit shared
+with the lab, the bench and the integration tests.
 """
 
 import functools
+import sys
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from .helpers import ROOT
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.support import devkit  # noqa: E402
+
+# The unit tests' names for the toolkit's PEM encoders.
+pub_pem = devkit.public_pem
+priv_pem = devkit.private_pem
+pkcs1_pub_pem = devkit.pkcs1_public_pem
+ec_pub_pem = devkit.ec_public_pem
 
 
 @functools.cache
 def rsa_private(bits=2048, exponent=65537, tag=0):
     """
-    An RSA private key; ``tag`` makes distinct keys of the same size.
+    An RSA private key, made once per argument set (RSA key generation is slow); ``tag`` makes
+    distinct keys of the same size.
     """
-    return rsa.generate_private_key(public_exponent=exponent, key_size=bits)
-
-
-def pub_pem(key):
-    return (
-        key.public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-        .decode()
-    )
-
-
-def priv_pem(key):
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ).decode()
-
-
-def pkcs1_pub_pem(key):
-    return (
-        key.public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.PKCS1)
-        .decode()
-    )
-
-
-def ec_pub_pem():
-    key = ec.generate_private_key(ec.SECP256R1())
-    return pub_pem(key)
+    return devkit.new_rsa_key(bits, exponent)

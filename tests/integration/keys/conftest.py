@@ -20,9 +20,8 @@ import dataclasses
 import pathlib
 
 import pytest
-import yaml
 
-from ..harness import kill_daemons_of, master_overrides, minion_overrides
+from ..harness import KeyAcceptor, devkit, kill_daemons_of, master_overrides, minion_overrides
 from . import keytools
 
 HOSTS = ("127.0.0.4", "127.0.0.5", "127.0.0.6")
@@ -71,14 +70,8 @@ class KeyCluster:
         return next(m for m in self.minions if m.id == minion_id)
 
 
-@pytest.fixture(scope="module")
-def key_prefix(request):
-    return request.module.PREFIX
-
-
-@pytest.fixture(scope="module")
-def key_ports(request):
-    return request.module.PORTS
+# ``prefix`` and ``ports`` (the test module's PREFIX and PORTS) come from the integration
+# conftest one directory up.
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +79,7 @@ def daemon_extra(request):
     return dict(getattr(request.module, "DAEMON_EXTRA", {}))
 
 
-class PrimaryAcceptor:
+class PrimaryAcceptor(KeyAcceptor):
     """
     Auth-event callback for the masters: the first key a fixture's minion submits to master1 is
     accepted there with ``salt-key -a ID -y``, once. Later submissions (a deleted minion that
@@ -94,26 +87,22 @@ class PrimaryAcceptor:
     """
 
     def __init__(self, primary_id):
+        super().__init__()
         self.primary_id = primary_id
-        self.expected = set()
 
-    def expect(self, minion_id):
-        self.expected.add(minion_id)
-
-    def __call__(self, master, payload):
-        minion_id = payload.get("id")
-        if master.id != self.primary_id or payload.get("act") != "pend":
-            return
-        if minion_id not in self.expected:
-            return
+    def wants(self, master, minion_id):
+        """
+        Only on master1, and only the first submission of an expected id.
+        """
+        if master.id != self.primary_id or minion_id not in self.expected:
+            return False
         self.expected.discard(minion_id)
-        ret = master.salt_key_cli().run("-a", minion_id, "-y")
-        assert ret.returncode == 0, ret
+        return True
 
 
 @pytest.fixture(scope="module")
-def key_acceptor(key_prefix):
-    return PrimaryAcceptor(_master_id(key_prefix, 0))
+def key_acceptor(prefix):
+    return PrimaryAcceptor(_master_id(prefix, 0))
 
 
 @pytest.fixture(scope="module")
@@ -130,24 +119,17 @@ def _master_id(prefix, index):
 
 
 @pytest.fixture(scope="module")
-def key_masters(
-    salt_factories,
-    tmp_path_factory,
-    key_prefix,
-    key_ports,
-    daemon_extra,
-    key_acceptor,
-):
+def key_masters(salt_factories, tmp_path_factory, prefix, ports, daemon_extra, key_acceptor):
     """
     master1..3 started, each with its own keypair; master1 knows the set (``multimaster:``).
     """
-    pillar_dir = tmp_path_factory.mktemp(f"{key_prefix}-pillar")
+    pillar_dir = tmp_path_factory.mktemp(f"{prefix}-pillar")
     factories = [
         salt_factories.salt_master_daemon(
-            _master_id(key_prefix, index),
+            _master_id(prefix, index),
             overrides=master_overrides(
                 HOSTS[index],
-                key_ports,
+                ports,
                 pillar_dir,
                 serve_repo=index == 0,  # the formula is served by the primary
                 **MASTER_EXTRA,
@@ -157,27 +139,19 @@ def key_masters(
         )
         for index in range(3)
     ]
-    section = {
-        "mode": "hot",
-        "ports": {"publish": key_ports.publish, "ret": key_ports.ret},
-        "masters": [
-            {
-                "id": factory.id,
-                "host": HOSTS[index],
-                "minion_id": f"{key_prefix}-cm{index + 1}",
-                "config_dir": str(factory.config_dir),
-            }
-            for index, factory in enumerate(factories)
-        ],
-    }
+    masters = [
+        devkit.master_entry(
+            factory.id, HOSTS[index], factory.config_dir, minion_id=f"{prefix}-cm{index + 1}"
+        )
+        for index, factory in enumerate(factories)
+    ]
+    section = devkit.multimaster_section(masters, ports)
     # Config dirs are only known once the factories exist: the section goes to master1's
     # master.d (where the multimaster.master state puts it) before it first starts, and to the
     # control minions' pillar (where multimaster_peer reads its own paths).
     conf = pathlib.Path(factories[0].config_dir) / "master.d" / "multimaster.conf"
-    conf.parent.mkdir(parents=True, exist_ok=True)
-    conf.write_text(yaml.safe_dump({"multimaster": section}))
-    (pillar_dir / "top.sls").write_text(yaml.safe_dump({"base": {"*": ["multimaster"]}}))
-    (pillar_dir / "multimaster.sls").write_text(yaml.safe_dump({"multimaster": section}))
+    devkit.write_config(conf, {"multimaster": section})
+    devkit.write_multimaster_pillar(pillar_dir, section)
     try:
         _in_parallel(lambda f: f.start(start_timeout=START_TIMEOUT), factories)
         yield factories, section
@@ -208,7 +182,7 @@ def _stop_all(factories):
 
 
 @pytest.fixture(scope="module")
-def key_cluster(key_masters, key_prefix, key_ports, daemon_extra, key_acceptor, cleanup):
+def key_cluster(key_masters, prefix, ports, daemon_extra, key_acceptor, cleanup):
     """
     The masters plus one control minion per master (on master1, accepted there), with the
     formula's modules synced to the minions and the runner synced to master1.
@@ -218,7 +192,7 @@ def key_cluster(key_masters, key_prefix, key_ports, daemon_extra, key_acceptor, 
 
     def start_minion(minion_id, master_hosts=(HOSTS[0],), accept=True, wait=True, **extra):
         hosts = list(master_hosts)
-        overrides = minion_overrides(HOSTS[0], key_ports, **daemon_extra, **extra)
+        overrides = minion_overrides(HOSTS[0], ports, **daemon_extra, **extra)
         overrides["master"] = hosts if len(hosts) > 1 else hosts[0]
         if not wait:
             # No start event to wait for (a key left pending): only the process is checked.
@@ -253,9 +227,9 @@ def key_cluster(key_masters, key_prefix, key_ports, daemon_extra, key_acceptor, 
     return KeyCluster(
         masters=factories,
         control=control,
-        ports=key_ports,
+        ports=ports,
         section=section,
-        prefix=key_prefix,
+        prefix=prefix,
         start_minion=start_minion,
         minions=started,
     )

@@ -5,42 +5,25 @@ store snapshots, the salt CLIs run as a user would, and a scanner for leaked key
 
 import base64
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import json
 import pathlib
 import re
-import subprocess
-import sys
 import threading
 
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from ..harness import read_pid, wait_for  # noqa: F401  (the key tests use keytools.*)
+from ..harness import devkit, read_pid, wait_for  # noqa: F401  (the key tests use keytools.*)
 
-BIN = pathlib.Path(sys.executable).parent
 KEY_DIRS = ("minions", "minions_pre", "minions_rejected", "minions_denied")
 TMP_DIR = ".multimaster-tmp"
 
 
 # --- keys ------------------------------------------------------------------------------------
 
-
-def _public_pem(key):
-    return (
-        key.public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-        .decode()
-    )
-
-
-def new_public_pem(bits=2048):
-    """
-    A fresh RSA SubjectPublicKeyInfo PEM (the private half is thrown away).
-    """
-    return _public_pem(rsa.generate_private_key(public_exponent=65537, key_size=bits))
+# A fresh RSA SubjectPublicKeyInfo PEM (the private half is thrown away).
+new_public_pem = devkit.new_public_pem
 
 
 @functools.cache
@@ -48,7 +31,7 @@ def pem_pool(size=24):
     """
     Distinct 2048-bit public keys, generated once per test run and shared by bulk key sets.
     """
-    return tuple(new_public_pem() for _ in range(size))
+    return devkit.public_pem_pool(size)
 
 
 def fingerprint(pem):
@@ -67,24 +50,14 @@ def bad_pems():
     Public keys Salt's own loader accepts but a key store must not: ``{name: text}``.
     """
     good = new_public_pem()
-    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pkcs1 = (
-        rsa_key.public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.PKCS1)
-        .decode()
-    )
-    private = rsa_key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ).decode()
+    rsa_key = devkit.new_rsa_key()
     return {
         "trailing-junk": good + "junk after the key\n",
         "two-pems": good + new_public_pem(),
         "rsa-1024": new_public_pem(bits=1024),
-        "ec-p256": _public_pem(ec.generate_private_key(ec.SECP256R1())),
-        "pkcs1": pkcs1,
-        "private-key": private,
+        "ec-p256": devkit.ec_public_pem(),
+        "pkcs1": devkit.pkcs1_public_pem(rsa_key),
+        "private-key": devkit.private_pem(rsa_key),
     }
 
 
@@ -162,59 +135,13 @@ def master_private_pem(master):
 # --- CLIs ------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class Result:
-    returncode: int
-    data: object
-    stdout: str
-    stderr: str
-
-    def __str__(self):
-        return (
-            f"rc={self.returncode}\nstdout:\n{self.stdout[-6000:]}\nstderr:\n{self.stderr[-3000:]}"
-        )
-
-
-def json_docs(text):
-    """
-    Every JSON document in ``text`` (salt-run prints progress events before the return).
-    """
-    decoder = json.JSONDecoder()
-    docs, pos = [], 0
-    while True:
-        match = re.compile(r"\S").search(text, pos)
-        if match is None:
-            return docs
-        try:
-            doc, pos = decoder.raw_decode(text, match.start())
-        except ValueError:
-            # Not JSON (a warning line): skip the line.
-            nl = text.find("\n", match.start())
-            if nl < 0:
-                return docs
-            pos = nl + 1
-            continue
-        docs.append(doc)
-
-
-def cli_cmd(name, config_dir, *args):
-    return [str(BIN / name), "-c", str(config_dir), *map(str, args)]
-
-
-def run_cli(name, config_dir, *args, timeout=300):
-    """
-    Run ``salt``/``salt-run``/``salt-key`` against a master's config dir, ``--out=json``; the
-    data is the last JSON document printed (the return, after any progress events).
-    """
-    proc = subprocess.run(
-        [*cli_cmd(name, config_dir, *args), "--out=json"],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    docs = json_docs(proc.stdout)
-    return Result(proc.returncode, docs[-1] if docs else None, proc.stdout, proc.stderr)
+# The dev toolkit's Salt CLI runner, under the names the key tests use: ``run_cli(name,
+# config_dir, *args, timeout=300)`` runs ``salt``/``salt-run``/``salt-key`` against a master's
+# config dir with ``--out=json``; ``.data`` of its result is the last JSON document printed.
+Result = devkit.CliResult
+run_cli = devkit.salt_cli
+json_docs = devkit.json_docs
+cli_cmd = devkit.salt_command
 
 
 def salt_run(master, fun, *args, timeout=300):
@@ -331,14 +258,8 @@ class SecretScanner:
         """
         A scanner for the private-only material of an RSA private key PEM.
         """
-        key = serialization.load_pem_private_key(pem.encode(), password=None).public_key()
-        public = [
-            pem_body(key.public_bytes(serialization.Encoding.PEM, fmt).decode())
-            for fmt in (
-                serialization.PublicFormat.SubjectPublicKeyInfo,
-                serialization.PublicFormat.PKCS1,
-            )
-        ]
+        key = serialization.load_pem_private_key(pem.encode(), password=None)
+        public = [pem_body(devkit.public_pem(key)), pem_body(devkit.pkcs1_public_pem(key))]
         return cls(pem_body(pem), public=public)
 
     def find(self, data):
