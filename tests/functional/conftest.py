@@ -5,24 +5,32 @@ minion with the formula on ``file_roots`` and a pillar of our choosing, everythi
 The formula reaches Salt as a user would deliver it: ``file_roots`` holds ``multimaster/`` and the
 ``_modules``/``_states``/``_utils`` dirs, and ``saltutil.sync_all`` installs the modules.
 
+Every call goes through pytest-salt-factories' ``Loaders``, one per environment (as saltext
+projects have one ``loaders`` fixture per minion config), with its ``reset_state()`` after each
+use, so each call starts as a new ``salt-call --local`` would: no ``__context__`` and an empty
+cachedir.
+
 Several minions live in this one process, and Salt's loader keeps one module object per module
-name in ``sys.modules`` whose ``__opts__`` is that of the loader that loaded it last. So every
-call goes through a loader made for it (a fresh ``Caller``/``HighState``), and the work of one
-environment is never interleaved with another's.
+name in ``sys.modules``. So each environment's ``Loaders`` loads under a namespace of its own
+(``loaded_base_name``), and the state functions build a fresh ``HighState`` (loader, pillar) from
+that environment's opts for every call: one environment's calls never run on another's modules.
 """
 
+import contextlib
+import itertools
 import os
 import pathlib
 import pwd
+import shutil
 
 import pytest
-import salt.client
 import salt.config
-import salt.loader
-import salt.state
 import salt.utils.yaml
+from saltfactories.utils.functional import Loaders
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+_NAMESPACES = itertools.count()
 
 
 def _dump(data, path):
@@ -33,12 +41,14 @@ def _dump(data, path):
 class SaltEnv:
     """
     One masterless minion: its own config dir (with a ``master`` file, so the host is also a
-    master), pki/cache/run dirs and pillar; the synced modules are shared between environments.
+    master), pki/cache/run dirs, pillar and ``Loaders``; the synced modules are shared between
+    environments (one ``extension_modules`` dir).
     """
 
     def __init__(self, base, file_root, extmods, minion_id, pillar):
         self.base = base
         self.minion_id = minion_id
+        self.extmods = extmods
         self.conf_dir = base / "conf"
         self.pillar_dir = base / "pillar"
         self.minion_pki = base / "pki" / "minion"
@@ -79,41 +89,34 @@ class SaltEnv:
         else:
             _dump({"multimaster": pillar}, self.pillar_dir / "multimaster.sls")
         self.made = {self.conf_dir / "master", self.conf_dir / "minion"}
-        self.grains = None
+        # Constructing a Loaders loads grains and pillar and runs saltutil.sync_all.
+        opts = salt.config.minion_config(str(self.conf_dir / "minion"))
+        # As salt-call sets it: state functions start from the pillar the minion compiled.
+        opts["__cli"] = "salt-call"
+        self._loaders = Loaders(
+            opts,
+            loaded_base_name=f"{__name__}.loaded.env{next(_NAMESPACES)}",
+        )
 
-    def load_grains(self):
-        self.grains = salt.loader.grains(self.opts())
-        return self.grains
-
-    def opts(self):
-        return salt.config.minion_config(str(self.conf_dir / "minion"))
-
-    def cmd(self, fun, *args, **kwargs):
+    @contextlib.contextmanager
+    def loaders(self):
         """
-        ``salt-call --local fun *args **kwargs`` in-process, with a loader of its own.
+        This environment's ``Loaders``; its state is reset when the block ends.
         """
-        return salt.client.Caller(mopts=self.opts()).cmd(fun, *args, **kwargs)
+        try:
+            yield self._loaders
+        finally:
+            self._loaders.reset_state()
 
     def render(self, mods):
         """
-        Render each SLS in ``mods`` as ``state.show_sls`` does: ``{sls: high data}`` when it
-        renders, ``{sls: [errors]}`` when it does not. One HighState (loader, pillar) for all.
+        ``{sls: state.show_sls(sls)}`` for each SLS in ``mods``: the high data when it renders,
+        the list of errors when it does not. Each SLS is rendered on its own, by its own call.
         """
-        opts = self.opts()
-        opts["grains"] = self.grains
-        highstate = salt.state.HighState(opts)
         results = {}
         for sls in mods:
-            # State ids are checked for uniqueness across one highstate build: start each SLS
-            # afresh, as a new state.show_sls would.
-            highstate.building_highstate = type(highstate.building_highstate)()
-            highstate.push_active()
-            try:
-                high, errors = highstate.render_highstate({"base": [sls]})
-            finally:
-                highstate.pop_active()
-            errors += highstate.state.verify_high(high)
-            results[sls] = errors or high
+            with self.loaders() as loaders:
+                results[sls] = loaders.modules.state.show_sls(sls)
         return results
 
     def written(self):
@@ -148,18 +151,16 @@ def salt_env(tmp_path_factory, formula_root):
     """
     extmods = tmp_path_factory.mktemp("extmods")
 
-    grains = {}
-
     def new(minion_id, pillar):
         base = tmp_path_factory.mktemp(f"env-{minion_id}")
-        env = SaltEnv(base, formula_root, extmods, minion_id, pillar)
-        # Grains describe the host, the same for every environment: load them once.
-        env.grains = dict(grains.get("host") or env.load_grains(), id=minion_id)
-        grains.setdefault("host", env.grains)
-        return env
+        return SaltEnv(base, formula_root, extmods, minion_id, pillar)
 
-    # Sync once, as a user would; every environment loads the synced modules.
-    result = new("sync", {}).cmd("saltutil.sync_all")
+    # Constructing a Loaders syncs; start again from nothing so that this sync_all, as a user
+    # would run it, is the one that installs the formula's modules.
+    sync = new("sync", {})
+    shutil.rmtree(extmods)
+    with sync.loaders() as loaders:
+        result = loaders.modules.saltutil.sync_all()
     assert "modules.multimaster" in result["modules"], result
     assert "states.multimaster" in result["states"], result
     assert "utils.multimaster_settings" in result["utils"], result

@@ -15,9 +15,17 @@ from .test_render import MASTERS, SIGN_PUB, pillar
 SETTINGS = {"install_packages": False, "manage_services": True}
 
 
+def state_sls(env, sls, **kwargs):
+    """
+    ``state.sls`` on ``env``, as one ``salt-call --local state.sls`` would run it.
+    """
+    with env.loaders() as loaders:
+        return loaders.modules.state.sls(sls, **kwargs)
+
+
 def results(ret):
-    assert isinstance(ret, dict), f"state run failed: {ret}"
-    return {key.split("_|-")[1]: value for key, value in ret.items()}
+    assert not ret.failed, f"state run failed: {ret.errors}"
+    return {key.split("_|-")[1]: value for key, value in ret.raw.items()}
 
 
 def changed(ret):
@@ -40,9 +48,9 @@ def hot(salt_env):
     """
     env = salt_env("master2", pillar(mode="hot", **SETTINGS))
     runs = {}
-    runs["dry"] = env.cmd("state.sls", "multimaster", test=True)
+    runs["dry"] = state_sls(env, "multimaster", test=True)
     runs["dry_written"] = env.written()
-    runs["first"] = env.cmd("state.sls", "multimaster")
+    runs["first"] = state_sls(env, "multimaster")
     runs["first_written"] = env.written()
     runs["minion_conf"] = read_yaml(env.conf_dir / "minion.d" / "multimaster.conf")
     runs["master_conf"] = read_yaml(env.conf_dir / "master.d" / "multimaster.conf")
@@ -50,10 +58,10 @@ def hot(salt_env):
         name: stat.S_IMODE((env.conf_dir / name).stat().st_mode)
         for name in ("minion.d/multimaster.conf", "master.d/multimaster.conf")
     }
-    runs["second"] = env.cmd("state.sls", "multimaster")
-    runs["clean"] = env.cmd("state.sls", "multimaster.clean")
+    runs["second"] = state_sls(env, "multimaster")
+    runs["clean"] = state_sls(env, "multimaster.clean")
     runs["clean_written"] = env.written()
-    runs["clean_again"] = env.cmd("state.sls", "multimaster.clean")
+    runs["clean_again"] = state_sls(env, "multimaster.clean")
     return env, runs
 
 
@@ -117,14 +125,14 @@ def test_signing_pubkey_delivered_and_cleaned(salt_env):
         "web1",
         pillar(mode="failover", signing={"enabled": True, "public_key": SIGN_PUB}, **SETTINGS),
     )
-    ret = env.cmd("state.sls", "multimaster.minion")
+    ret = state_sls(env, "multimaster.minion")
     assert not failed(ret), ret
     assert env.written() == ["conf/minion.d/multimaster.conf", "pki/minion/master_sign.pub"]
     assert (env.minion_pki / "master_sign.pub").read_text() == SIGN_PUB
     conf = read_yaml(env.conf_dir / "minion.d" / "multimaster.conf")
     assert conf["verify_master_pubkey_sign"] is True
     assert conf["master_type"] == "failover"
-    ret = env.cmd("state.sls", "multimaster.minion.clean")
+    ret = state_sls(env, "multimaster.minion.clean")
     assert not failed(ret), ret
     assert env.written() == []
 
@@ -132,8 +140,8 @@ def test_signing_pubkey_delivered_and_cleaned(salt_env):
 @pytest.mark.parametrize("sls", ["multimaster", "multimaster.minion", "multimaster.master"])
 def test_bad_pillar_writes_nothing(salt_env, sls):
     env = salt_env("master2", pillar(mode="hot", failover={"alive_interval": 5}, **SETTINGS))
-    ret = env.cmd("state.sls", sls)
-    assert isinstance(ret, list), f"a bad pillar was applied: {ret}"
+    ret = state_sls(env, sls)
+    assert ret.failed, f"a bad pillar was applied: {ret.raw}"
     message = "multimaster:failover: got {\"alive_interval\": 5}; expected no 'failover' section"
-    assert any(message in error for error in ret), ret
+    assert any(message in error for error in ret.errors), ret.errors
     assert env.written() == []

@@ -28,7 +28,8 @@ master-restarted-on-watch:
 def test_restart_states_under_watch(salt_env, tmp_path):
     env = salt_env("master2", pillar(mode="hot", **SETTINGS))
     sls = SLS.format(path=tmp_path / "watched", contents="one")
-    ret = env.cmd("state.template_str", sls)
+    with env.loaders() as loaders:
+        ret = loaders.modules.state.template_str(sls)
     assert not failed(ret), ret
     states = results(ret)
     assert states["watched-file"]["changes"], ret
