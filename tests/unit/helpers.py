@@ -1,7 +1,9 @@
 """
 Shared by the unit tests: the repository root, the formula's ``_utils`` on ``sys.path`` (as Salt
 puts ``extmods/utils`` there for loaded modules), the formula defaults, and loading ``_modules``/
-``_states`` files under distinct module names (they are all called ``multimaster``).
+``_states``/``_runners`` files under distinct module names (they are all called ``multimaster``).
+A test module hands a loaded module to pytest-salt-factories' loader mock through its
+``configure_loader_modules`` fixture, which patches in the loader dunders for each test.
 """
 
 import importlib.util
@@ -19,7 +21,8 @@ if str(UTILS) not in sys.path:
 
 def load_module(name, relpath):
     """
-    Import ``relpath`` (relative to the repository root) as a fresh module called ``name``.
+    Import ``relpath`` (relative to the repository root) as a fresh module called ``name``,
+    without loader dunders: ``configure_loader_modules`` provides them.
     """
     spec = importlib.util.spec_from_file_location(name, ROOT / relpath)
     module = importlib.util.module_from_spec(spec)

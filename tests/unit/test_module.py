@@ -1,7 +1,8 @@
 """
-The execution module ``_modules/multimaster.py``, loaded under its own name with the loader
-dunders as plain dicts. Files and sockets are real (in tmp_path); nothing is mocked but the
-pillar and Salt's ``cp`` module.
+The execution module ``_modules/multimaster.py``, loaded under its own name; its dunders come
+from ``configure_loader_modules`` (the ``opts`` and ``pillar`` fixtures), patched in for each
+test. Files and sockets are real (in tmp_path); nothing is mocked but the pillar and Salt's
+``cp`` module.
 """
 
 import os
@@ -26,9 +27,19 @@ def other_user():
     pytest.skip("no second user on this system")
 
 
+@pytest.fixture(scope="module")
+def mod():
+    """
+    Loaded once; the loader mock gives it fresh dunders for each test.
+    """
+    return load_module("multimaster_mod", "_modules/multimaster.py")
+
+
 @pytest.fixture
-def mod(tmp_path):
-    module = load_module("multimaster_mod", "_modules/multimaster.py")
+def conf_dir(tmp_path):
+    """
+    The minion's config dir, with the master config a control minion reads its master's paths from.
+    """
     conf = tmp_path / "conf"
     conf.mkdir()
     (conf / "minion").write_text("")
@@ -42,7 +53,28 @@ def mod(tmp_path):
             },
             handle,
         )
-    pillar = {
+    return conf
+
+
+@pytest.fixture
+def opts(tmp_path, conf_dir):
+    """
+    The module's ``__opts__``: the control minion of master2; tests change it in place.
+    """
+    return {
+        "id": "master2",
+        "conf_file": str(conf_dir / "minion"),
+        "pki_dir": str(tmp_path / "minion-pki"),
+        "pidfile": str(tmp_path / "minion.pid"),
+    }
+
+
+@pytest.fixture
+def pillar():
+    """
+    The module's ``__pillar__``, also what its ``pillar.get`` reads; tests change it in place.
+    """
+    return {
         "multimaster": {
             "masters": [
                 {"id": "master1", "host": "10.0.3.61", "config_dir": "/nonexistent/master1"},
@@ -50,16 +82,23 @@ def mod(tmp_path):
             ]
         }
     }
-    module.__pillar__ = pillar
-    module.__salt__ = {"pillar.get": lambda key, default=None, **kw: pillar.get(key, default)}
-    module.__opts__ = {
-        "id": "master2",
-        "conf_file": str(conf / "minion"),
-        "pki_dir": str(tmp_path / "minion-pki"),
-        "pidfile": str(tmp_path / "minion.pid"),
+
+
+@pytest.fixture
+def configure_loader_modules(mod, opts, pillar):
+    """
+    What Salt's loader would inject; pytest-salt-factories patches it in and restores it.
+    """
+    return {
+        mod: {
+            "__opts__": opts,
+            "__pillar__": pillar,
+            "__salt__": {
+                "pillar.get": lambda key, default=None, **kw: pillar.get(key, default),
+            },
+            "__context__": {},
+        }
     }
-    module.__context__ = {}
-    return module
 
 
 def test_virtual(mod):
@@ -108,8 +147,8 @@ def test_missing_defaults_file_is_an_error(mod):
         mod.settings()
 
 
-def test_bad_pillar_raises_naming_the_key(mod, defaults):
-    mod.__pillar__["multimaster"]["mode"] = "standby"
+def test_bad_pillar_raises_naming_the_key(mod, pillar, defaults):
+    pillar["multimaster"]["mode"] = "standby"
     with pytest.raises(
         multimaster_settings.SettingsError, match=r'^multimaster:mode: got "standby"'
     ):
@@ -118,8 +157,8 @@ def test_bad_pillar_raises_naming_the_key(mod, defaults):
         mod.minion_config(defaults)
 
 
-def test_master_config_refused_off_a_control_minion(mod, defaults):
-    mod.__opts__["id"] = "web1"
+def test_master_config_refused_off_a_control_minion(mod, opts, defaults):
+    opts["id"] = "web1"
     settings = mod.settings(defaults)
     assert settings["local"]["master"] is None
     assert settings["config"]["master"] is None
@@ -130,12 +169,12 @@ def test_master_config_refused_off_a_control_minion(mod, defaults):
     assert "multimaster:masters: no entry has minion_id 'web1'" in str(err.value)
 
 
-def test_explicit_config_dir_is_used(mod, tmp_path, defaults):
-    mod.__opts__["id"] = "master1"
+def test_explicit_config_dir_is_used(mod, opts, pillar, tmp_path, defaults):
+    opts["id"] = "master1"
     other = tmp_path / "other"
     other.mkdir()
     (other / "master").write_text(f"pki_dir: {tmp_path / 'other-pki'}\n")
-    mod.__pillar__["multimaster"]["masters"][0]["config_dir"] = str(other)
+    pillar["multimaster"]["masters"][0]["config_dir"] = str(other)
     master = mod.settings(defaults)["local"]["master"]
     assert master["config_dir"] == str(other)
     assert master["pki_dir"] == str(tmp_path / "other-pki")
@@ -237,29 +276,29 @@ def test_restart_master_takes_no_pidfile_argument(mod):
         mod.restart_master(pidfile="/tmp/attacker.pid")
 
 
-def test_settings_returns_are_redacted_unless_rendering(mod, defaults):
-    mod.__pillar__["multimaster"]["master"] = {"config": {"ext_pillar_token": "hunter2"}}
+def test_settings_returns_are_redacted_unless_rendering(mod, pillar, defaults):
+    pillar["multimaster"]["master"] = {"config": {"ext_pillar_token": "hunter2"}}
     assert "hunter2" not in str(mod.settings(defaults))
     assert "hunter2" in str(mod.settings(defaults, redact=False))
 
 
-def test_active_master(mod):
-    mod.__opts__.update(master="10.0.3.61", master_list=["10.0.3.61", "10.0.3.230"])
-    mod.__opts__["master_type"] = "failover"
+def test_active_master(mod, opts):
+    opts.update(master="10.0.3.61", master_list=["10.0.3.61", "10.0.3.230"])
+    opts["master_type"] = "failover"
     assert mod.active_master() == {
         "master": "10.0.3.61",
         "master_list": ["10.0.3.61", "10.0.3.230"],
         "master_type": "failover",
     }
-    del mod.__opts__["master_list"]
+    del opts["master_list"]
     assert mod.active_master()["master_list"] == "10.0.3.61"
 
 
-def test_check_masters_reports_each_port(mod, defaults):
+def test_check_masters_reports_each_port(mod, pillar, defaults):
     listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
     try:
         publish, ret = (s.getsockname()[1] for s in listeners)
-        mod.__pillar__["multimaster"] = {
+        pillar["multimaster"] = {
             "ports": {"publish": publish, "ret": ret},
             "masters": [
                 {"id": "up", "host": "127.0.0.1"},

@@ -38,21 +38,41 @@ class FakeClient:
         return {minion: {"ret": ret, "retcode": 0} for minion, ret in self.returns.items()}
 
 
+@pytest.fixture(scope="module")
+def runner():
+    """
+    Loaded once; the loader mock gives it fresh dunders for each test.
+    """
+    return load_module("multimaster_runner_returns", "_runners/multimaster.py")
+
+
 @pytest.fixture
-def runner(monkeypatch):
-    module = load_module("multimaster_runner_returns", "_runners/multimaster.py")
-    module.__opts__ = {"multimaster": SECTION, "conf_file": "/etc/salt/master"}
-    module.__context__ = {}
+def configure_loader_modules(runner):
+    """
+    What Salt's loader would inject; pytest-salt-factories patches it in and restores it.
+    """
+    return {
+        runner: {
+            "__opts__": {"multimaster": SECTION, "conf_file": "/etc/salt/master"},
+            "__context__": {},
+        }
+    }
+
+
+@pytest.fixture
+def use(runner, monkeypatch):
+    """
+    ``use(returns)``: the runner's publish answers with ``returns``; the fake client is returned.
+    """
 
     def use(returns):
         client = FakeClient(returns)
         monkeypatch.setattr(
-            module.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(client)
+            runner.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(client)
         )
         return client
 
-    module.use = use
-    return module
+    return use
 
 
 @pytest.mark.parametrize(
@@ -66,8 +86,8 @@ def runner(monkeypatch):
     ],
     ids=["string", "list", "digest-not-a-string", "bucket-not-a-number", "too-many-buckets"],
 )
-def test_malformed_inventory_is_a_per_master_error(runner, bad):
-    client = runner.use({"cm1": GOOD_DIGESTS, "cm2": bad})
+def test_malformed_inventory_is_a_per_master_error(runner, use, bad):
+    client = use({"cm1": GOOD_DIGESTS, "cm2": bad})
     ret = runner.sync_keys()
     assert ret["retcode"] == 1 and runner.__context__["retcode"] == 1
     assert ret["masters"]["m2"]["result"] is False, ret
@@ -75,15 +95,15 @@ def test_malformed_inventory_is_a_per_master_error(runner, bad):
     assert "multimaster_peer.apply_key_actions" not in client.calls
 
 
-def test_malformed_status_report_is_a_per_master_error(runner):
-    runner.use({"cm1": {"keys": GOOD_DIGESTS, "master_key": {}}, "cm2": {"keys": {}}})
+def test_malformed_status_report_is_a_per_master_error(runner, use):
+    use({"cm1": {"keys": GOOD_DIGESTS, "master_key": {}}, "cm2": {"keys": {}}})
     ret = runner.status()
     assert ret["retcode"] == 1
     assert ret["masters"]["m1"]["reachable"] is False or ret["masters"]["m2"]["reachable"] is False
 
 
-def test_sync_master_key_refuses_recipients_from_arguments(runner):
-    client = runner.use({})
+def test_sync_master_key_refuses_recipients_from_arguments(runner, use):
+    client = use({})
     ret = runner.sync_master_key(masters=[{"id": "m1", "host": "h", "minion_id": "evil"}])
     assert ret["retcode"] == 1 and "masters= is not accepted" in ret["comment"]
     assert client.calls == []

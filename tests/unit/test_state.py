@@ -1,6 +1,7 @@
 """
 The state module ``_states/multimaster.py``, loaded under its own name; its ``__salt__`` holds
-the real execution-module functions (loaded the same way), so only the situation is staged.
+the real execution-module functions (loaded the same way), so only the situation is staged. The
+dunders of both come from ``configure_loader_modules``, patched in for each test.
 """
 
 import os
@@ -11,42 +12,76 @@ import pytest
 from .helpers import load_module
 
 
+@pytest.fixture(scope="module")
+def mod():
+    """
+    The execution module the state calls; loaded once, fresh dunders for each test.
+    """
+    return load_module("multimaster_mod_for_states", "_modules/multimaster.py")
+
+
+@pytest.fixture(scope="module")
+def state():
+    """
+    Loaded once; the loader mock gives it fresh dunders for each test.
+    """
+    return load_module("multimaster_state", "_states/multimaster.py")
+
+
 @pytest.fixture
-def mod(tmp_path):
-    module = load_module("multimaster_mod_for_states", "_modules/multimaster.py")
+def opts():
+    """
+    The state module's ``__opts__``; tests switch on test mode in place.
+    """
+    return {"test": False}
+
+
+@pytest.fixture
+def mod_opts(tmp_path):
+    """
+    The execution module's ``__opts__``: a minion with a config file and no running daemon.
+    """
     (tmp_path / "minion").write_text("")
-    module.__opts__ = {
+    return {
         "id": "minion1",
         "pidfile": str(tmp_path / "minion.pid"),
         "conf_file": str(tmp_path / "minion"),
     }
-    module.__salt__ = {}
-    module.__context__ = {}
-    return module
 
 
 @pytest.fixture
-def state(mod):
-    module = load_module("multimaster_state", "_states/multimaster.py")
-    module.__opts__ = {"test": False}
-    module.__salt__ = {
-        "multimaster.restart_minion": mod.restart_minion,
-        "multimaster.restart_master": mod.restart_master,
-        "multimaster.key_file_problems": mod.key_file_problems,
+def configure_loader_modules(mod, state, mod_opts, opts):
+    """
+    What Salt's loader would inject into both; pytest-salt-factories patches it in and restores
+    it.
+    """
+    return {
+        mod: {
+            "__opts__": mod_opts,
+            "__salt__": {},
+            "__context__": {},
+        },
+        state: {
+            "__opts__": opts,
+            "__salt__": {
+                "multimaster.restart_minion": mod.restart_minion,
+                "multimaster.restart_master": mod.restart_master,
+                "multimaster.key_file_problems": mod.key_file_problems,
+            },
+            "__context__": {},
+        },
     }
-    module.__context__ = {}
-    return module
 
 
 def test_virtual_needs_the_execution_module(state):
     assert state.__virtual__() == "multimaster"
-    state.__salt__ = {}
+    state.__salt__.clear()
     result = state.__virtual__()
     assert result[0] is False and "saltutil.sync_all" in result[1]
 
 
-def test_minion_restarted_test_mode_changes_nothing(state, tmp_path):
-    state.__opts__["test"] = True
+def test_minion_restarted_test_mode_changes_nothing(state, opts, tmp_path):
+    opts["test"] = True
     calls = []
     state.__salt__["multimaster.restart_minion"] = lambda **kw: calls.append(kw)
     ret = state.minion_restarted("restart")
@@ -96,9 +131,9 @@ def test_master_restarted_not_running(state, tmp_path):
     )
 
 
-def test_mod_watch_takes_the_low_chunk(state, tmp_path):
+def test_mod_watch_takes_the_low_chunk(state, opts, tmp_path):
     # Salt passes the whole low chunk to mod_watch: unknown keys must not break it.
-    state.__opts__["test"] = True
+    opts["test"] = True
     low = {"__reqs__": {"watch": []}, "__id__": "x", "fun": "mod_watch", "state": "multimaster"}
     assert "salt-master" in state.mod_watch("x", sfun="master_restarted", **low)["comment"]
     assert "salt-minion" in state.mod_watch("x", sfun="minion_restarted", **low)["comment"]
