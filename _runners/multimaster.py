@@ -476,12 +476,13 @@ def _primary_key_entry(minion_id):
     return entry.get("state"), entry.get("pub"), bool(cache.fetch("denied_keys", minion_id))
 
 
-def _recipient_problem(master, inventories):
+def _recipient_problem(master, inventories, planning=False):
     """
     Why the control minion of ``master`` must not receive a private key, or None.
 
     Its key must be accepted on this master, canonical, match the pinned fingerprint if any, and
     be the only key for that id on every master (no pending, rejected, denied or other key).
+    ``planning``: a master that does not know the id yet is fine (the run accepts it there first).
     """
     minion_id = master["minion_id"]
     state, pem, denied = _primary_key_entry(minion_id)
@@ -496,6 +497,8 @@ def _recipient_problem(master, inventories):
         return f"control minion {minion_id} has key {fp}, not the pinned {pinned}"
     for other, entries in inventories.items():
         held = entries.get(minion_id)
+        if held is None and planning:
+            continue
         if held is None:
             return f"control minion {minion_id} is not accepted on {other}"
         if held.state != "accepted" or held.fp != fp or held.denied_fp:
@@ -651,10 +654,13 @@ def sync_master_key(test=False, masters=None, timeout=180):
         if master in plan["info"] and master not in plan["stale"]:
             ret["masters"][master] = {"result": True, "changed": False}
     if test:
+        control = [m["minion_id"] for m in section["masters"]]
+        inventories = _inventories(section, 60, ids=control)["inventories"]
         for master in plan["stale"]:
+            problem = _recipient_problem(_by_id(section)[master], inventories, planning=True)
             ret["masters"][master] = {
                 "result": None,
-                "planned": "install, restart, verify",
+                "planned": f"refuse: {problem}" if problem else "install, restart, verify",
                 "old": plan["stored"][master],
                 "new": plan["intended"],
             }

@@ -218,6 +218,10 @@ def test_join_every_master_reaches_every_accepted_minion(key_cluster, joined, ho
         entry = key_ret.data["masters"][peer.id]
         assert entry["changed"] and entry["served"] and entry["result"], entry
     assert key_ret.data["masters"][key_cluster.primary.id]["served"]
+    # Each served key is vouched for by another host's control minion, not its own.
+    for master in key_cluster.masters:
+        verified_by = key_ret.data["masters"][master.id]["verified_by"]
+        assert verified_by != master.id and verified_by in {m.id for m in key_cluster.masters}
 
     assert set(key_cluster.control_ids()) | {ALPHA} <= set(hot)
     assert GAMMA not in hot

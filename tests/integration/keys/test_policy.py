@@ -379,6 +379,9 @@ def test_master_key_recipients_come_from_config_only(cluster):
         keytools.write_key(m2, "minions_denied", cm3, keytools.new_public_pem()),
     ]
     try:
+        ret = cluster.run("sync_master_key", "test=True")
+        for master in (m2, m3):
+            assert ret.data["masters"][master.id]["planned"].startswith("refuse:"), ret.data
         ret = cluster.run("sync_master_key")
         assert ret.returncode != 0, ret
         for master in (m2, m3):
