@@ -49,6 +49,9 @@ def minion_restarted(name, service="salt-minion", delay=0):
     service
         The systemd unit name, used when the minion runs as that service.
 
+    delay
+        Seconds to wait after the job returned before restarting (default 0).
+
     CLI Example:
 
     .. code-block:: yaml
@@ -110,6 +113,18 @@ def mod_watch(name, sfun=None, service=None, delay=0, **kwargs):
 
     service, delay
         As for ``minion_restarted``/``master_restarted``.
+
+    kwargs
+        The rest of the low chunk; ignored.
+
+    CLI Example:
+
+    .. code-block:: yaml
+
+        multimaster-minion-service-restarted:
+          multimaster.minion_restarted:
+            - watch:
+              - file: multimaster-minion-config-file-managed
     """
     if sfun == "master_restarted":
         return master_restarted(name, service=service or "salt-master", delay=delay)
@@ -120,6 +135,15 @@ def master_key_files_secure(name, pki_dir, user):
     """
     Fail, naming each file, when master key files in ``pki_dir`` are not regular files with mode
     0400 (private) owned by ``user``. Only reports: moving keys is ``sync_master_key``'s job.
+
+    name
+        Anything; shown in the state output.
+
+    pki_dir
+        The master's ``pki_dir``.
+
+    user
+        The user the master runs as (its ``user`` option), who must own the key files.
 
     CLI Example:
 
