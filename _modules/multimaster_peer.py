@@ -20,6 +20,7 @@ import time
 import salt.payload
 import salt.utils.atomicfile
 import salt.utils.files
+import salt.utils.json
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 try:
@@ -28,8 +29,10 @@ try:
     import multimaster_ids
     import multimaster_keys
     import multimaster_keystore
+    import multimaster_roots
     import multimaster_seal
     import multimaster_settings
+    import multimaster_transport
 
     HAS_UTILS = True
 except ImportError:
@@ -41,6 +44,10 @@ __virtualname__ = "multimaster_peer"
 
 # How many ids a return lists; counts are always complete.
 SAMPLE = 50
+# The largest transfer accepted: key actions for a large fleet, a sealed key pair.
+ACTIONS_LIMIT = 256 * 1024 * 1024
+ENVELOPE_LIMIT = 1024 * 1024
+PULL_TIMEOUT = 60
 
 
 def __virtual__():
@@ -211,18 +218,42 @@ def _checked(action):
     return action, pem
 
 
-def apply_key_actions(actions, order):
+def _pull(ticket, offset):
+    """
+    One chunk of a transfer staged for this minion, from the master that sent this job (the
+    request channel of the minion connection that received it).
+    """
+    return __salt__["publish.runner"](
+        multimaster_transport.PULL,
+        arg=[f"ticket={ticket}", f"offset={offset}"],
+        timeout=PULL_TIMEOUT,
+    )
+
+
+def _pulled(transfer, limit):
+    return multimaster_transport.fetch(transfer, _pull, limit)
+
+
+def _pulled_json(transfer, limit, what):
+    try:
+        return salt.utils.json.loads(_pulled(transfer, limit))
+    except ValueError:
+        raise CommandExecutionError(f"{what}: the pulled transfer is not JSON") from None
+
+
+def apply_key_actions(transfer, order):
     """
     Apply planned key actions to this master's key store: each ``{"id", "op"
-    (accept|pend|reject|deny|delete), "fp", "pub", "expect"}``. ``order`` is the runner's
-    signature over the actions, bound to a challenge from ``key_inventory``; without a valid one
-    nothing happens. Every id and key is checked before anything is written (a bad one refuses
-    the whole batch); an action whose id changed since it was planned (``expect``) is skipped, and
-    so is an accept of a key rejected or denied here (deny wins). Repairs what an interrupted run
-    left, and rotates the AES key when an accepted key was removed.
+    (accept|pend|reject|deny|delete), "fp", "pub", "expect"}``, pulled from the sending master
+    (``transfer``). ``order`` is the runner's signature over the actions, bound to a challenge
+    from ``key_inventory``; without a valid one nothing happens. Every id and key is checked
+    before anything is written (a bad one refuses the whole batch); an action whose id changed
+    since it was planned (``expect``) is skipped, and so is an accept of a key rejected or
+    denied here (deny wins). Repairs what an interrupted run left, and rotates the AES key when
+    an accepted key was removed.
 
-    actions
-        The planned actions for this master.
+    transfer
+        The descriptor of the staged actions (``{"ticket", "size", "sha256"}``).
 
     order
         The signed order from the runner.
@@ -234,6 +265,10 @@ def apply_key_actions(actions, order):
         salt-run multimaster.sync_keys   # the runner calls this; not meant for the CLI
     """
     master, mopts = _mopts()
+    instruction = _pulled_json(transfer, ACTIONS_LIMIT, "key actions")
+    actions = instruction.get("actions") if isinstance(instruction, dict) else None
+    if not isinstance(actions, list):
+        raise CommandExecutionError("key actions: the pulled transfer holds no action list")
     multimaster_seal.check_order(
         order,
         {"actions": actions},
@@ -330,7 +365,7 @@ def _opened_pair(envelope, master, signing):
     return body.pop("pem"), pub, fp
 
 
-def install_master_key(envelope, signing=False, timeout=90):
+def install_master_key(transfer, signing=False, timeout=90):
     """
     Install the master key pair (or signing pair) sealed to this control minion by the
     ``sync_master_key`` runner: open and verify the envelope, stop this host's master, store the
@@ -338,8 +373,9 @@ def install_master_key(envelope, signing=False, timeout=90):
     failed), wait until it answers, and verify by a real sign-in that it serves the new key.
     Never returns or logs the key.
 
-    envelope
-        The sealed envelope from the runner.
+    transfer
+        The descriptor of the sealed envelope the runner staged (``{"ticket", "size",
+        "sha256"}``).
 
     signing
         The envelope carries the signing pair (failover with signing) instead of the master key.
@@ -356,6 +392,7 @@ def install_master_key(envelope, signing=False, timeout=90):
     master, section = _local()
     mopts = multimaster_keystore.master_opts(master["config_dir"])
     host, port = master["host"], int(section["ports"]["ret"])
+    envelope = _pulled_json(transfer, ENVELOPE_LIMIT, "master key")
     pem, pub, fp = _opened_pair(envelope, master, signing)
     result = {"fp": fp, "changed": False, "restarted": None}
     current = multimaster_keystore.read_master_key(mopts, signing=signing)
@@ -475,3 +512,171 @@ def ping_minions(timeout=5):
     with salt.client.get_local_client(os.path.join(master["config_dir"], "master")) as client:
         returns = client.cmd("*", "test.ping", timeout=int(timeout))
     return sorted(minion for minion, ret in returns.items() if ret is True)
+
+
+# --- roots -----------------------------------------------------------------------------------
+
+ROOT_KINDS = ("file_roots", "pillar_roots")
+PLAN_LIMIT = 64 * 1024 * 1024
+
+
+def _roots_of(mopts, kind):
+    """
+    ``{env: [path, ...]}`` of this master's ``kind`` (its own config; never an argument).
+    """
+    roots = mopts.get(kind) or {}
+    return {env: [str(path) for path in paths] for env, paths in roots.items()}
+
+
+def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None):
+    """
+    The roots of this host's master (``file_roots``/``pillar_roots`` of its own config): per
+    kind, per environment, per position ``{"path", "digest", "count", "skipped"}``. With
+    ``full`` the file manifests too, sealed to the master that asked (names and hashes of pillar
+    files are not for the job cache) and bound to its ``nonce``. Always returns a fresh
+    ``binding`` challenge for the ``apply_roots`` order that may follow.
+
+    kinds
+        Which roots: a list of ``file_roots``/``pillar_roots``.
+
+    full
+        Also return the manifests (sealed).
+
+    nonce
+        The runner's nonce (64 hex characters) the sealed manifests are bound to.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.sync_roots test=True   # the runner calls this
+    """
+    master, mopts = _mopts()
+    kinds = [kind for kind in kinds if kind in ROOT_KINDS]
+    roots, files = {}, {}
+    for kind in kinds:
+        roots[kind], files[kind] = {}, {}
+        for env, paths in _roots_of(mopts, kind).items():
+            roots[kind][env], files[kind][env] = [], []
+            for path in paths:
+                found, skipped = multimaster_roots.manifest(path)
+                roots[kind][env].append(
+                    {
+                        "path": path,
+                        "digest": multimaster_roots.digest(found),
+                        "count": len(found),
+                        "skipped": dict(list(skipped.items())[:SAMPLE]),
+                    }
+                )
+                files[kind][env].append(found)
+    ret = {"roots": roots, "binding": _binding(master)}
+    if full:
+        ret["sealed"] = multimaster_seal.seal(
+            {"files": files},
+            "roots_manifest",
+            master["id"],
+            _read_own("minion_master.pub"),
+            _read_own("minion.pem"),
+            multimaster_seal.bind(nonce, master["id"], master["config_dir"]),
+        )
+    return ret
+
+
+def _paired_root(mopts, pair):
+    """
+    This master's root for ``pair`` (kind, env, position), from its own config.
+    """
+    kind, env, index = pair.get("kind"), pair.get("env"), pair.get("index")
+    paths = _roots_of(mopts, kind).get(env) if kind in ROOT_KINDS else None
+    if not paths or not isinstance(index, int) or not 0 <= index < len(paths):
+        raise CommandExecutionError(f"no {kind} root at position {index!r} of env {env!r} here")
+    return paths[index]
+
+
+def _write_all(reader, root, entries, report):
+    for entry in entries:
+        blocks = reader.blocks(entry["size"])
+        try:
+            multimaster_roots.write_file(
+                root, entry["path"], blocks, entry["mode"], entry["sha256"]
+            )
+            report["written"] += 1
+            report["bytes"] += entry["size"]
+        except OSError as exc:
+            report["failed"].append(f"{root}: {entry['path']!r}: {exc}")
+        # Keep the stream aligned: what a refused write did not read belongs to this file.
+        for _ in blocks:
+            pass
+
+
+def _clear_file_list_cache(mopts):
+    # What ``salt-run fileserver.clear_file_list_cache backend=roots`` does: the master sees
+    # new files at once instead of after fileserver_list_cache_time.
+    cache = os.path.join(mopts["cachedir"], "file_lists", "roots")
+    with contextlib.suppress(OSError):
+        for name in os.listdir(cache):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(cache, name))
+
+
+def apply_roots(plan, content):
+    """
+    Make this master's roots equal to the primary's: open the plan (sealed to this control
+    minion by the ``sync_roots`` runner, signed by its master, bound to a challenge from
+    ``roots_manifest``), pull the content stream (encrypted with the plan's key) and write each
+    file atomically into the paired root of this master's own config, then set modes and delete
+    what the primary no longer has. Holds this master's roots lock throughout. Returns counts,
+    bytes and per-file failures; never the content.
+
+    plan
+        The descriptor of the sealed plan (``{"ticket", "size", "sha256"}``).
+
+    content
+        The descriptor of the content stream.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.sync_roots   # the runner calls this; not meant for the CLI
+    """
+    master, mopts = _mopts()
+    envelope = _pulled_json(plan, PLAN_LIMIT, "roots plan")
+    body, _ = multimaster_seal.unseal(
+        envelope,
+        "roots",
+        __opts__["id"],
+        _read_own("minion.pem"),
+        _read_own("minion_master.pub"),
+        _expect(master),
+        _challenges(),
+    )
+    pairs = body.get("pairs") or []
+    resolved = [(_paired_root(mopts, pair), pair) for pair in pairs]
+    key = bytes.fromhex(body["key"])
+    report = {"written": 0, "bytes": 0, "modes": 0, "deleted": 0, "failed": []}
+    stream = multimaster_transport.chunks(
+        multimaster_transport.check_descriptor(content), _pull, key
+    )
+    reader = multimaster_transport.Reader(stream)
+    with multimaster_roots.locked(mopts):
+        for root, pair in resolved:
+            _write_all(reader, root, pair.get("write") or [], report)
+        for root, pair in resolved:
+            for path, mode in pair.get("mode") or []:
+                try:
+                    multimaster_roots.set_mode(root, path, mode)
+                    report["modes"] += 1
+                except OSError as exc:
+                    report["failed"].append(f"{root}: {path!r}: {exc}")
+            for path in pair.get("delete") or []:
+                try:
+                    multimaster_roots.delete_file(root, path)
+                    report["deleted"] += 1
+                except OSError as exc:
+                    report["failed"].append(f"{root}: {path!r}: {exc}")
+    if reader.read(1):
+        report["failed"].append("the content stream is longer than the plan")
+    _clear_file_list_cache(mopts)
+    report["failed"] = report["failed"][:SAMPLE]
+    return report

@@ -7,24 +7,31 @@ the ``multimaster.master`` state); ``masters=`` overrides it, except for ``sync_
 whose recipients of a private key come only from this master's config. Each master is reached
 through its control minion (the salt-minion on that host, module ``multimaster_peer``), targeted
 by exact id list. Every change is sent as an order signed by this master and bound to a
-single-use challenge of the recipient. Work is applied master by master in the order of
+single-use challenge of the recipient. Bulk data (key actions, sealed keys) never rides the
+publish: it is staged on this master and the recipient pulls it over its own request channel
+(``multimaster_transfer.pull``, allowed to the control minions by ``peer_run``); the publish
+carries a ticket. Work is applied master by master in the order of
 ``masters`` (the first is the primary). Every function takes ``test=True`` (return the plan,
 change nothing) and returns ``retcode: 1`` on any failure.
 """
 
 import logging
+import os
 import time
 
 import salt.cache
 import salt.client
+import salt.utils.json
 from salt.exceptions import SaltInvocationError
 
 try:
     import multimaster_ids
     import multimaster_keys
     import multimaster_keystore
+    import multimaster_roots
     import multimaster_seal
     import multimaster_settings
+    import multimaster_transport
 
     HAS_UTILS = True
 except ImportError:
@@ -148,6 +155,18 @@ def _bound(binding, **extra):
     )
 
 
+def _staged(section, master, document):
+    """
+    Stage ``document`` (JSON) for ``master``'s control minion to pull from this master: the
+    publish carries only the descriptor.
+    """
+    return multimaster_transport.stage(
+        __opts__,
+        _by_id(section)[master]["minion_id"],
+        salt.utils.json.dumps(document).encode(),
+    )
+
+
 def _signer_key():
     """
     This master's own private key (signs orders and envelopes; never leaves this process).
@@ -224,8 +243,9 @@ def _apply_one(section, master, actions, binding, timeout):
         )
     except ValueError as exc:
         return {"result": False, "error": str(exc)}
+    transfer = _staged(section, master, instruction)
     answers, errors = _call(
-        section, [master], "apply_key_actions", {"actions": actions, "order": order}, timeout
+        section, [master], "apply_key_actions", {"transfer": transfer, "order": order}, timeout
     )
     if master in errors:
         return {"result": False, "error": errors[master]}
@@ -560,7 +580,7 @@ def _deliver(section, master, plan, signing, timeout):
         section,
         [master],
         "install_master_key",
-        {"envelope": envelope, "signing": signing},
+        {"transfer": _staged(section, master, envelope), "signing": signing},
         timeout,
     )
     if master in errors:
@@ -690,6 +710,293 @@ def _deliver_stale(section, ret, plan, signing, timeout):
         # A fresh challenge from the inventory just read (the earlier one is still valid too).
         plan["info"][master]["binding"] = bindings.get(master) or plan["info"][master]["binding"]
         ret["masters"][master] = {**_deliver(section, master, plan, signing, timeout), **entry}
+
+
+# --- roots -----------------------------------------------------------------------------------
+
+_ROOT_CHOICES = {
+    "file": ("file_roots",),
+    "pillar": ("pillar_roots",),
+    "both": ("file_roots", "pillar_roots"),
+}
+
+
+class _Nonce:
+    """
+    The one nonce of this run that a sealed manifest must be bound to (used once per master).
+    """
+
+    def __init__(self, value):
+        self.value = value
+
+    def consume(self, challenge):
+        if challenge != self.value:
+            raise multimaster_seal.SealError("manifest is not bound to this run")
+        self.value = None
+
+
+def _local_roots(kinds):
+    """
+    This master's roots of ``kinds`` with their manifests, and notes on what is not synced.
+    """
+    local, notes = {}, []
+    backends = __opts__.get("fileserver_backend") or ["roots"]
+    for kind in kinds:
+        if kind == "file_roots" and "roots" not in backends:
+            notes.append(f"file_roots: masters serve files from {backends}: nothing to sync")
+            continue
+        local[kind] = {}
+        for env, paths in (__opts__.get(kind) or {}).items():
+            local[kind][env] = []
+            for path in paths:
+                files, skipped = multimaster_roots.manifest(str(path))
+                local[kind][env].append(
+                    {
+                        "path": str(path),
+                        "files": files,
+                        "skipped": skipped,
+                        "digest": multimaster_roots.digest(files),
+                    }
+                )
+    return local, notes
+
+
+def _layout(roots):
+    return {
+        kind: {env: [r["path"] for r in rs] for env, rs in envs.items()}
+        for kind, envs in roots.items()
+    }
+
+
+def _digests(roots):
+    return {
+        kind: {env: [r["digest"] for r in rs] for env, rs in envs.items()}
+        for kind, envs in roots.items()
+    }
+
+
+def _check_layouts(section, local, summary):
+    """
+    Refuse unless this master is the primary (same roots and content as the primary reports)
+    and every peer's roots pair with the primary's by environment and position.
+    """
+    primary = _ids(section)[0]
+    if primary not in summary:
+        raise Refused(f"primary {primary} did not report its roots")
+    theirs = summary[primary]["roots"]
+    if _layout(theirs) != _layout(local) or _digests(theirs) != _digests(local):
+        raise Refused(
+            f"sync_roots copies the roots this master reads from its own disk: run it on the "
+            f"primary {primary} (its roots differ from this master's)"
+        )
+    for master, answer in summary.items():
+        for kind, envs in local.items():
+            mine = {env: len(rs) for env, rs in envs.items()}
+            peer = {env: len(rs) for env, rs in answer["roots"].get(kind, {}).items()}
+            if mine != peer:
+                raise Refused(
+                    f"{kind} of {master} do not pair with the primary's by environment and "
+                    f"position: primary {_layout(local)[kind]}, {master} "
+                    f"{_layout(answer['roots']).get(kind, {})}; nothing written"
+                )
+
+
+def _roots_check(answer):
+    roots = answer.get("roots")
+    if not isinstance(roots, dict):
+        raise ValueError("no roots")
+    for envs in roots.values():
+        for rs in envs.values():
+            for r in rs:
+                if not isinstance(r.get("path"), str) or not isinstance(r.get("digest"), str):
+                    raise ValueError("malformed root")
+    return answer
+
+
+def _opened_manifest(section, master, answer, nonce):
+    """
+    The peer's file manifests, unsealed with this master's key and checked to be signed by
+    the peer's control minion (its key accepted here) and bound to this run.
+    """
+    entry = _by_id(section)[master]
+    problem = _recipient_problem(entry, {})
+    if problem:
+        raise Refused(problem)
+    body, _ = multimaster_seal.unseal(
+        answer.get("sealed"),
+        "roots_manifest",
+        master,
+        _signer_key(),
+        _primary_key_entry(entry["minion_id"])[1],
+        {"target": master, "config_dir": entry["config_dir"]},
+        _Nonce(nonce),
+    )
+    return body["files"]
+
+
+def _roots_plan(local, files):
+    """
+    ``(pairs, members)``: per paired root what to write, re-mode and delete; the source files
+    of the content stream in order.
+    """
+    pairs, members = [], []
+    for kind, envs in local.items():
+        for env, rs in envs.items():
+            for index, source in enumerate(rs):
+                target = files.get(kind, {}).get(env, [])[index]
+                diff = multimaster_roots.plan(source["files"], target)
+                write = [
+                    {"path": path, **source["files"][path]} for path in diff["add"] + diff["change"]
+                ]
+                members += [(os.path.join(source["path"], w["path"]), w["size"]) for w in write]
+                pairs.append(
+                    {
+                        "kind": kind,
+                        "env": env,
+                        "index": index,
+                        "write": write,
+                        "added": diff["add"],
+                        "mode": [[path, source["files"][path]["mode"]] for path in diff["mode"]],
+                        "delete": diff["delete"],
+                    }
+                )
+    return pairs, members
+
+
+def _roots_report(pairs, local):
+    report = {"added": [], "changed": [], "modes": [], "deleted": [], "skipped": {}, "bytes": 0}
+    for pair in pairs:
+        root = local[pair["kind"]][pair["env"]][pair["index"]]
+        added = set(pair["added"])
+        for w in pair["write"]:
+            (report["added"] if w["path"] in added else report["changed"]).append(
+                f"{root['path']}/{w['path']}"
+            )
+            report["bytes"] += w["size"]
+        report["modes"] += [f"{root['path']}/{p}" for p, _ in pair["mode"]]
+        report["deleted"] += [f"{root['path']}/{p}" for p in pair["delete"]]
+        report["skipped"].update({f"{root['path']}/{p}": r for p, r in root["skipped"].items()})
+    counts = {key: len(report[key]) for key in ("added", "changed", "modes", "deleted", "skipped")}
+    shown = {key: sorted(report[key])[:SHOWN] for key in ("added", "changed", "modes", "deleted")}
+    shown["skipped"] = dict(sorted(report["skipped"].items())[:SHOWN])
+    return {"counts": counts, "bytes": report["bytes"], **shown}
+
+
+def _deliver_roots(section, master, pairs, members, binding):
+    """
+    Stage the content (encrypted with a fresh key) and the plan (sealed to the peer's control
+    minion, carrying that key), then have the peer pull and apply both.
+    """
+    entry = _by_id(section)[master]
+    key = os.urandom(32)
+    content = multimaster_transport.stage_files(__opts__, entry["minion_id"], members, key)
+    plan = multimaster_seal.seal(
+        {"key": key.hex(), "pairs": [{k: v for k, v in p.items() if k != "added"} for p in pairs]},
+        "roots",
+        entry["minion_id"],
+        _primary_key_entry(entry["minion_id"])[1],
+        _signer_key(),
+        _bound(_binding({"binding": binding}, master)),
+    )
+    return _staged(section, master, plan), content
+
+
+def sync_roots(roots="both", test=False, timeout=300):
+    """
+    Make every peer's ``file_roots`` and ``pillar_roots`` (those of its own master config) equal
+    to the primary's, pairing them by environment and position. Manifests first, then only what
+    differs moves: added and changed files are written atomically with their modes, files the
+    primary no longer has are deleted (with the directories they leave empty). Symlinks are
+    never followed on either side (one on the primary is skipped and reported), VCS directories
+    are skipped, nothing is written outside a paired root. The content is staged on this master
+    and pulled by each peer's control minion, encrypted with a key sealed to it: pillar content
+    never appears in a publish, a job cache, an event or a log. Must run on the primary.
+
+    roots
+        ``file``, ``pillar`` or ``both`` (default).
+
+    test
+        Return the plan per master; change nothing.
+
+    timeout
+        Seconds to wait for each peer's manifest and apply.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.sync_roots
+        salt-run multimaster.sync_roots roots=pillar test=True
+    """
+    try:
+        if roots not in _ROOT_CHOICES:
+            raise Refused(f"roots={roots!r}: expected one of file, pillar, both")
+        section = _section()
+        local, notes = _local_roots(_ROOT_CHOICES[roots])
+        summary, errors = _call(
+            section,
+            _ids(section),
+            "roots_manifest",
+            {"kinds": list(local), "full": False},
+            timeout,
+            _roots_check,
+        )
+        _check_layouts(section, local, summary)
+    except SaltInvocationError as exc:
+        return _refused(exc)
+    ret = {"masters": {}, "roots": _digests(local)}
+    if notes:
+        ret["comment"] = "; ".join(notes)
+    for master, error in errors.items():
+        ret["masters"][master] = {"result": False, "error": error}
+    peers = [m for m in _ids(section)[1:] if m in summary]
+    differing = [m for m in peers if _digests(summary[m]["roots"]) != _digests(local)]
+    for master in peers:
+        if master not in differing:
+            ret["masters"][master] = {"result": True, "changed": False}
+    nonce = os.urandom(32).hex()
+    if differing:
+        full, full_errors = _call(
+            section,
+            differing,
+            "roots_manifest",
+            {"kinds": list(local), "full": True, "nonce": nonce},
+            timeout,
+            _roots_check,
+        )
+        for master, error in full_errors.items():
+            ret["masters"][master] = {"result": False, "error": error}
+        for master in [m for m in differing if m in full]:
+            ret["masters"][master] = _sync_one_root_set(
+                section, master, local, full[master], nonce, test, timeout
+            )
+    return _finish(ret, any(r.get("result") is False for r in ret["masters"].values()))
+
+
+def _sync_one_root_set(section, master, local, answer, nonce, test, timeout):
+    try:
+        files = _opened_manifest(section, master, answer, nonce)
+        pairs, members = _roots_plan(local, files)
+    except (SaltInvocationError, multimaster_seal.SealError, KeyError, IndexError) as exc:
+        return {"result": False, "error": f"manifest of {master}: {exc}"}
+    report = _roots_report(pairs, local)
+    if test:
+        return {"result": None, "planned": report}
+    _progress(f"{master}: {report['counts']} ({report['bytes']} bytes)")
+    plan, content = _deliver_roots(section, master, pairs, members, answer.get("binding"))
+    done, errors = _call(
+        section, [master], "apply_roots", {"plan": plan, "content": content}, timeout
+    )
+    if master in errors:
+        return {"result": False, "error": errors[master], "planned": report}
+    applied = done[master]
+    failed = applied.get("failed") or []
+    return {
+        "result": not failed,
+        "changes": report,
+        "moved_bytes": applied.get("bytes"),
+        "failed": failed,
+    }
 
 
 # --- status ----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import re
 
 import multimaster_ids
 import multimaster_keys
+import multimaster_transport
 import salt.utils.dictupdate
 from salt.exceptions import SaltInvocationError
 
@@ -317,6 +318,18 @@ def check_section(section):
     return section
 
 
+def pull_acl(settings):
+    """
+    The ``peer_run`` entry that lets the control minions (and only them) call the one runner
+    function that serves staged transfers.
+
+    settings
+        The merged, validated ``multimaster`` pillar.
+    """
+    ids = "|".join(re.escape(m.get("minion_id") or m["id"]) for m in settings["masters"])
+    return {f"^({ids})$": [f"^{re.escape(multimaster_transport.PULL)}$"]}
+
+
 def master_config(settings, master):
     """
     The ``master.d`` options for ``master`` (an entry of ``settings["masters"]``).
@@ -332,6 +345,7 @@ def master_config(settings, master):
     }
     # Identical on every master: masters with different ACLs each hold independent control.
     config.update(section["acl"])
+    config["peer_run"] = {**(section["acl"].get("peer_run") or {}), **pull_acl(settings)}
     if settings["mode"] == "failover" and settings["signing"]["enabled"]:
         config["master_sign_pubkey"] = True
     gitfs = section["gitfs"]

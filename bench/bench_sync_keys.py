@@ -70,7 +70,7 @@ def master_config(mid, ip):
         file_roots={"base": [os.path.join(RUN, "formula")]},
         # The control minions read their own master's paths from the multimaster pillar.
         pillar_roots={"base": [os.path.join(RUN, "pillar")]},
-        multimaster=section(),
+        **devkit.multimaster_master_options(section()),
     )
 
 

@@ -40,6 +40,7 @@ if str(REPO_ROOT / "_utils") not in sys.path:
     sys.path.insert(0, str(REPO_ROOT / "_utils"))
 
 from multimaster_daemon import port_open, read_pid, wait_for, wait_port  # noqa: E402
+from multimaster_settings import pull_acl  # noqa: E402
 
 __all__ = [
     "BIN",
@@ -51,6 +52,7 @@ __all__ = [
     "loopback_master",
     "loopback_minion",
     "master_entry",
+    "multimaster_master_options",
     "multimaster_section",
     "new_public_pem",
     "new_rsa_key",
@@ -249,6 +251,14 @@ def multimaster_section(masters, ports, mode="hot", **options):
     ``masters`` entries, the first being the primary, on ``ports``; ``options`` add or override.
     """
     return {"mode": mode, "ports": ports.as_dict(), "masters": list(masters), **options}
+
+
+def multimaster_master_options(section):
+    """
+    What ``multimaster.master`` renders into a master's ``master.d`` for the runners: the
+    ``multimaster`` section and the ``peer_run`` entry its control minions pull transfers with.
+    """
+    return {"multimaster": section, "peer_run": pull_acl(section)}
 
 
 def write_multimaster_pillar(root, section):

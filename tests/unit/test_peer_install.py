@@ -8,6 +8,7 @@ from the pillar and minion id that ``configure_loader_modules`` gives the module
 import pytest
 
 from .helpers import load_module
+from .transfers import master_serving, stage_json
 
 MASTER = {"id": "m2", "host": "10.0.0.2", "config_dir": "/etc/salt", "minion_id": "cm2"}
 SECTION = {"ports": {"publish": 4505, "ret": 4506}, "masters": [MASTER]}
@@ -22,7 +23,15 @@ def peer():
 
 
 @pytest.fixture
-def configure_loader_modules(peer):
+def sender(tmp_path):
+    """
+    The sending master's opts: its outbox holds what the runner staged.
+    """
+    return {"cachedir": str(tmp_path / "sender")}
+
+
+@pytest.fixture
+def configure_loader_modules(peer, sender):
     """
     What Salt's loader would inject on m2's control minion; patched in and restored for each test.
     """
@@ -32,6 +41,7 @@ def configure_loader_modules(peer):
             "__opts__": {"id": "cm2", "conf_file": "/etc/salt/minion"},
             "__salt__": {
                 "pillar.get": lambda key, default=None, **kw: pillar.get(key, default),
+                "publish.runner": master_serving(sender, "cm2"),
             },
             "__context__": {},
         }
@@ -58,23 +68,33 @@ def calls(peer, monkeypatch):
     return calls
 
 
-def test_the_master_is_started_again_when_the_store_fails(peer, calls, monkeypatch):
+def test_the_master_is_started_again_when_the_store_fails(peer, calls, sender, monkeypatch):
     def broken(*args, **kwargs):
         calls.append("store")
         raise OSError("disk full")
 
     monkeypatch.setattr(peer.multimaster_keystore, "install_master_key", broken)
     with pytest.raises(OSError, match="disk full"):
-        peer.install_master_key({"envelope": "sealed"})
+        peer.install_master_key(stage_json(sender, "cm2", {"envelope": "sealed"}))
     assert calls == ["stop", "store", "start"]
 
 
-def test_the_key_is_stored_only_while_the_master_is_stopped(peer, calls, monkeypatch):
+def test_the_key_is_stored_only_while_the_master_is_stopped(peer, calls, sender, monkeypatch):
     monkeypatch.setattr(
         peer.multimaster_keystore,
         "install_master_key",
         lambda *a, **k: calls.append("store"),
     )
-    ret = peer.install_master_key({"envelope": "sealed"})
+    ret = peer.install_master_key(stage_json(sender, "cm2", {"envelope": "sealed"}))
     assert calls[:3] == ["stop", "store", "start"]
     assert ret["changed"] is True and ret["served"] is False
+
+
+def test_a_used_transfer_is_refused_before_anything_stops(peer, calls, sender):
+    transfer = stage_json(sender, "cm2", {"envelope": "sealed"})
+    peer.multimaster_transport.fetch(
+        transfer, lambda t, o: peer.multimaster_transport.serve(sender, "cm2", t, o)
+    )
+    with pytest.raises(peer.multimaster_transport.TransferError, match="replay"):
+        peer.install_master_key(transfer)
+    assert calls == []

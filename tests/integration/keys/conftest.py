@@ -119,7 +119,18 @@ def _master_id(prefix, index):
 
 
 @pytest.fixture(scope="module")
-def key_masters(salt_factories, tmp_path_factory, prefix, ports, daemon_extra, key_acceptor):
+def master_roots(request):
+    """
+    The test module's ``MASTER_ROOTS(index, pillar_dir)`` (file_roots/pillar_roots options of
+    master ``index``), or nothing: master1 serves the repository, all share the pillar dir.
+    """
+    return getattr(request.module, "MASTER_ROOTS", lambda index, pillar_dir: {})
+
+
+@pytest.fixture(scope="module")
+def key_masters(
+    salt_factories, tmp_path_factory, prefix, ports, daemon_extra, key_acceptor, master_roots
+):
     """
     master1..3 started, each with its own keypair; master1 knows the set (``multimaster:``).
     """
@@ -134,6 +145,7 @@ def key_masters(salt_factories, tmp_path_factory, prefix, ports, daemon_extra, k
                 serve_repo=index == 0,  # the formula is served by the primary
                 **MASTER_EXTRA,
                 **daemon_extra,
+                **master_roots(index, pillar_dir),
             ),
             on_auth_event_callback=key_acceptor,
         )
@@ -146,11 +158,12 @@ def key_masters(salt_factories, tmp_path_factory, prefix, ports, daemon_extra, k
         for index, factory in enumerate(factories)
     ]
     section = devkit.multimaster_section(masters, ports)
-    # Config dirs are only known once the factories exist: the section goes to master1's
+    # Config dirs are only known once the factories exist: the section goes to each master's
     # master.d (where the multimaster.master state puts it) before it first starts, and to the
     # control minions' pillar (where multimaster_peer reads its own paths).
-    conf = pathlib.Path(factories[0].config_dir) / "master.d" / "multimaster.conf"
-    devkit.write_config(conf, {"multimaster": section})
+    for factory in factories:
+        conf = pathlib.Path(factory.config_dir) / "master.d" / "multimaster.conf"
+        devkit.write_config(conf, devkit.multimaster_master_options(section))
     devkit.write_multimaster_pillar(pillar_dir, section)
     try:
         _in_parallel(lambda f: f.start(start_timeout=START_TIMEOUT), factories)

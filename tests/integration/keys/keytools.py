@@ -217,6 +217,79 @@ def last_job_kwargs(master, fun, target):
     return max(found, key=lambda item: item[0])[1]
 
 
+def job_loads(master):
+    """
+    ``{jid: (fun, size of its .load.p)}`` in ``master``'s job cache: what each job stored.
+    """
+    import salt.payload
+
+    jobs = pathlib.Path(master.config["cachedir"]) / "jobs"
+    found = {}
+    for path in jobs.rglob(".load.p"):
+        data = path.read_bytes()
+        load = salt.payload.loads(data)
+        fun = load.get("fun") or (load.get("return") or {}).get("fun")
+        found[path.parent.parent.name + path.parent.name] = (fun, len(data))
+    return found
+
+
+def largest_publish(loads):
+    """
+    The largest ``.load.p`` of a job the runner published to control minions, and the largest
+    of the pull jobs (runner returns Salt keeps in the job cache), from ``job_loads`` output.
+    """
+    published = [size for fun, size in loads.values() if str(fun).startswith("multimaster_peer.")]
+    pulls = [size for fun, size in loads.values() if str(fun).endswith("multimaster_transfer.pull")]
+    return max(published, default=0), max(pulls, default=0)
+
+
+def _pulled_in(value, marker):
+    """
+    JSON documents holding ``marker`` among the base64 chunks found anywhere in ``value``.
+    """
+    if isinstance(value, dict):
+        return [doc for item in value.values() for doc in _pulled_in(item, marker)]
+    if isinstance(value, list):
+        return [doc for item in value for doc in _pulled_in(item, marker)]
+    if isinstance(value, str) and len(value) > 64:
+        with contextlib.suppress(ValueError):
+            data = base64.b64decode(value, validate=True)
+            if marker.encode() in data:
+                return [json.loads(data)]
+    return []
+
+
+def pulled_documents(master, marker):
+    """
+    The JSON documents containing ``marker`` that control minions pulled from ``master`` and
+    that ``master``'s job cache still holds (the pull runner's returns are jobs too).
+    """
+    import salt.payload
+
+    jobs = pathlib.Path(master.config["cachedir"]) / "jobs"
+    found = []
+    for path in list(jobs.rglob("return.p")) + list(jobs.rglob(".load.p")):
+        found += _pulled_in(salt.payload.loads(path.read_bytes()), marker)
+    return found
+
+
+def pulled_from_events(capture, marker):
+    """
+    The JSON documents containing ``marker`` that pull-runner returns carried on the event bus
+    while ``capture`` (an ``EventCapture``) listened.
+    """
+    return [doc for e in capture.events.values() for doc in _pulled_in(e.full_data, marker)]
+
+
+def stage_for(master, recipient, document):
+    """
+    Stage ``document`` (JSON) in ``master``'s outbox for ``recipient``, as the runner does.
+    """
+    import multimaster_transport
+
+    return multimaster_transport.stage(master.config, recipient, json.dumps(document).encode())
+
+
 # --- secrets ---------------------------------------------------------------------------------
 
 WINDOW = 40

@@ -319,23 +319,39 @@ def test_master_private_key_appears_nowhere(key_cluster, joined):
         assert scanner.find((ret.stdout + ret.stderr).encode()) is None, name
 
 
-def test_sealed_key_replayed_from_the_job_cache_is_refused(key_cluster, joined):
+def test_sealed_key_replayed_is_refused(key_cluster, joined):
     """
-    The envelope that carried the master key to master2 sits in master1's job cache. Published
-    again to master2's control minion it is refused (its challenge is used up): no restart.
+    The sealed envelope that carried the master key to master2 is not in master1's job cache:
+    the publish carried a ticket, master2's control minion pulled the envelope, and the pull's
+    own job was removed. The ticket, published again, is refused (used up); the envelope,
+    copied from the event bus (the pull's return passes it) and staged again by someone root
+    on master1, is refused too (its challenge is used up): no restart.
     """
     m1 = key_cluster.primary
     cm2 = key_cluster.control[1].id
     kwargs = keytools.last_job_kwargs(m1, "multimaster_peer.install_master_key", cm2)
+    assert set(kwargs) >= {"transfer"} and "envelope" not in kwargs, kwargs
+    assert keytools.pulled_documents(m1, '"wrapped_key"') == []
     pids = master_pids(key_cluster)
-    returns = keytools.salt_cmd(
-        m1,
-        cm2,
-        "multimaster_peer.install_master_key",
-        f"envelope={json.dumps(kwargs['envelope'])}",
-        timeout=60,
-    )
-    assert "already used" in str(returns.get(cm2)), returns
+
+    def install(transfer):
+        returns = keytools.salt_cmd(
+            m1,
+            cm2,
+            "multimaster_peer.install_master_key",
+            f"transfer={json.dumps(transfer)}",
+            timeout=60,
+        )
+        return str(returns.get(cm2))
+
+    assert "used ticket" in install(kwargs["transfer"])
+    envelopes = [
+        e
+        for e in keytools.pulled_from_events(joined["events"], '"wrapped_key"')
+        if e.get("recipient") == cm2
+    ]
+    assert envelopes, "no pulled envelope on the event bus"
+    assert "already used" in install(keytools.stage_for(m1, cm2, envelopes[-1]))
     assert master_pids(key_cluster) == pids
 
 

@@ -299,11 +299,12 @@ def test_mass_revocation_needs_force(cluster):
 def test_peer_functions_refuse_unsigned_or_replayed_orders(cluster):
     """
     Someone allowed to publish ``multimaster_peer.*`` (or reading the job cache) cannot use the
-    peer side: an order that is missing, forged, or replayed from master1's job cache is
-    refused and the key store is untouched.
+    peer side: actions staged on master1 with an order that is missing or forged are refused; a
+    transfer and order replayed from master1's job cache are refused (the ticket is used up);
+    a transfer staged for another control minion is refused. The key store is untouched.
     """
     m1, m2, _ = cluster.masters
-    cm2 = cluster.control[1].id
+    cm2, cm3 = cluster.control[1].id, cluster.control[2].id
     pem = keytools.new_public_pem()
     action = {
         "id": "kp-evil",
@@ -324,37 +325,66 @@ def test_peer_functions_refuse_unsigned_or_replayed_orders(cluster):
         "signature": base64.b64encode(b"x" * 256).decode(),
     }
     before = keytools.store_snapshot(m2)
-    for order, reason in (({}, "does not match"), (forged, "signature")):
+
+    def apply(target, transfer, order):
         returns = keytools.salt_cmd(
             m1,
-            cm2,
+            target,
             "multimaster_peer.apply_key_actions",
-            f"actions={json.dumps([action])}",
+            f"transfer={json.dumps(transfer)}",
             f"order={json.dumps(order)}",
             timeout=60,
         )
-        assert reason in str(returns.get(cm2)), returns
+        return str(returns.get(target))
+
+    for order, reason in (({}, "does not match"), (forged, "signature")):
+        transfer = keytools.stage_for(m1, cm2, {"actions": [action]})
+        assert reason in apply(cm2, transfer, order)
+    # Staged for cm2, presented by cm3: master1 refuses to serve it.
+    transfer = keytools.stage_for(m1, cm2, {"actions": [action]})
+    assert f"not issued to '{cm3}'" in apply(cm3, transfer, forged)
     assert keytools.store_snapshot(m2) == before
 
-    # A real order, from a real run: the job cache keeps it; replaying it must fail.
+    # A real transfer and order, from a real run: the job cache keeps the descriptor and the
+    # order (never the actions); replaying them must fail.
     with planted(cluster, (0, "minions", "kp-replay", pem)):
         ret = cluster.run("sync_keys")
         assert ret.returncode == 0, ret
         load = keytools.last_job_kwargs(m1, "multimaster_peer.apply_key_actions", cm2)
+        assert set(load) >= {"transfer", "order"} and "actions" not in load, load
         ret = keytools.run_cli("salt-key", m2.config_dir, "-d", "kp-replay", "-y")
         assert ret.returncode == 0, ret
         after_delete = keytools.store_snapshot(m2)
-        returns = keytools.salt_cmd(
-            m1,
-            cm2,
-            "multimaster_peer.apply_key_actions",
-            f"actions={json.dumps(load['actions'])}",
-            f"order={json.dumps(load['order'])}",
-            timeout=60,
-        )
-        assert "already used" in str(returns.get(cm2)), returns
+        assert "used ticket" in apply(cm2, load["transfer"], load["order"])
         assert keytools.store_snapshot(m2) == after_delete
         assert "kp-replay" not in keytools.salt_key_list(m2)["minions"]
+
+
+def test_no_publish_carries_bulk_data(cluster):
+    """
+    300 keys accepted on master1 reach master2 and master3, yet no publish of the run (the
+    ``.load.p`` of each ``multimaster_peer`` job in master1's job cache) exceeds 64 KB: the keys
+    were pulled.
+    """
+    m1, m2, m3 = cluster.masters
+    pems = keytools.pem_pool(24)
+    entries = [(0, "minions", f"kp-bulk-{n:03d}", pems[n % len(pems)]) for n in range(300)]
+    with planted(cluster, *entries):
+        started = keytools.job_loads(m1)
+        ret = cluster.run("sync_keys")
+        assert ret.returncode == 0, ret
+        for master in (m2, m3):
+            assert {f"kp-bulk-{n:03d}" for n in range(300)} <= set(
+                keytools.key_ids(master)["minions"]
+            )
+        loads = {j: v for j, v in keytools.job_loads(m1).items() if j not in started}
+        published, pulled = keytools.largest_publish(loads)
+        print(
+            f"\n300-key sync_keys: largest publish {published} bytes; largest pull job kept "
+            f"in the job cache {pulled} bytes"
+        )
+        assert 0 < published <= 64 * 1024, loads
+        assert pulled < 4096, loads  # the pull jobs that carried chunks are gone
 
 
 def test_master_key_recipients_come_from_config_only(cluster):

@@ -1,0 +1,309 @@
+"""
+Roots trees (``file_roots``/``pillar_roots`` paths) as manifests, the difference between two,
+and writes confined to one root.
+
+A manifest maps each regular file's path relative to its root to ``{"size", "mode", "sha256"}``.
+Symlinks below a root are never followed on either side: one in a source tree is skipped and
+reported, and a write walks the destination one directory at a time with ``O_NOFOLLOW``, so a
+symlinked directory (to ``/etc`` or anywhere) is refused rather than written through. VCS
+directories are skipped.
+Each file is written atomically (temp file in the same directory, fsync, rename); deletions
+remove the directories they leave empty, never the root itself.
+"""
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import stat
+
+VCS_DIRS = frozenset((".git", ".hg", ".svn", ".bzr", "CVS"))
+BLOCK = 1024 * 1024
+_TMP_PREFIX = ".multimaster-tmp-"
+
+
+class RootsError(OSError):
+    """
+    A path would leave its root, cross a symlink, or is not a safe name; nothing was written.
+    """
+
+
+def _unsafe_name(name):
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        return "not a plain name"
+    if any(ord(char) < 32 or ord(char) == 127 for char in name):
+        return "control character in name"
+    if name.startswith(_TMP_PREFIX):
+        return "temporary file of an interrupted sync"
+    return None
+
+
+@contextlib.contextmanager
+def locked(opts):
+    """
+    Hold the exclusive roots lock of the master whose ``opts`` are given (in its cachedir):
+    two syncs into one master's roots never interleave.
+
+    opts
+        The master's opts.
+    """
+    directory = os.path.join(opts["cachedir"], "multimaster")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd = os.open(
+        os.path.join(directory, "roots.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600
+    )
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def check_relpath(relpath):
+    """
+    The components of ``relpath`` when it is a safe path inside a root; raises ``RootsError``.
+
+    relpath
+        A path relative to a root, ``/``-separated (no ``..``, no leading ``/``).
+    """
+    if not isinstance(relpath, str) or not relpath or relpath.startswith("/"):
+        raise RootsError(f"{relpath!r}: not a relative path")
+    parts = relpath.split("/")
+    for part in parts:
+        reason = _unsafe_name(part)
+        if reason:
+            raise RootsError(f"{relpath!r}: {reason}")
+    return parts
+
+
+def sha256_file(path):
+    """
+    SHA-256 hex of the file at ``path``, read in blocks.
+
+    path
+        The file (opened without following a symlink).
+    """
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as handle:
+        for block in iter(lambda: handle.read(BLOCK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def manifest(root):
+    """
+    ``(files, skipped)`` of the tree at ``root``: ``files`` maps relative paths to
+    ``{"size", "mode", "sha256"}``; ``skipped`` maps relative paths to the reason (symlink,
+    special file, unsafe name). A missing root is an empty tree.
+
+    root
+        The root directory (a ``file_roots``/``pillar_roots`` path).
+    """
+    files, skipped = {}, {}
+    if not os.path.isdir(root):
+        return files, skipped
+    stack = [""]
+    while stack:
+        prefix = stack.pop()
+        with os.scandir(os.path.join(root, prefix) if prefix else root) as entries:
+            for entry in entries:
+                rel = f"{prefix}{entry.name}"
+                reason = _unsafe_name(entry.name)
+                if reason:
+                    skipped[rel] = reason
+                elif entry.is_symlink():
+                    skipped[rel] = "symlink (never followed)"
+                elif entry.is_dir(follow_symlinks=False):
+                    if entry.name not in VCS_DIRS:
+                        stack.append(rel + "/")
+                elif entry.is_file(follow_symlinks=False):
+                    info = entry.stat(follow_symlinks=False)
+                    files[rel] = {
+                        "size": info.st_size,
+                        "mode": stat.S_IMODE(info.st_mode) & 0o777,
+                        "sha256": sha256_file(entry.path),
+                    }
+                else:
+                    skipped[rel] = "not a regular file"
+    return files, skipped
+
+
+def digest(files):
+    """
+    One SHA-256 for a manifest's files: equal trees have equal digests.
+
+    files
+        The ``files`` part of a manifest.
+    """
+    return hashlib.sha256(
+        json.dumps(files, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
+
+
+def plan(source, target):
+    """
+    What makes ``target`` equal to ``source``: ``{"add", "change", "mode", "delete"}``, sorted
+    lists of relative paths (``mode``: content equal, mode differs).
+
+    source
+        The files of the primary's root.
+
+    target
+        The files of the paired root on a peer.
+    """
+    add = sorted(path for path in source if path not in target)
+    change = sorted(
+        path
+        for path in source
+        if path in target and source[path]["sha256"] != target[path]["sha256"]
+    )
+    mode = sorted(
+        path
+        for path in source
+        if path in target
+        and source[path]["sha256"] == target[path]["sha256"]
+        and source[path]["mode"] != target[path]["mode"]
+    )
+    delete = sorted(path for path in target if path not in source)
+    return {"add": add, "change": change, "mode": mode, "delete": delete}
+
+
+def _open_dir(root, parts, create):
+    """
+    An fd of the directory ``parts`` below ``root``, walked without following any symlink;
+    missing directories (and the root) are made when ``create``. The root itself comes from the
+    master's own config: a symlink there is the administrator's choice and is followed.
+    """
+    if create:
+        os.makedirs(root, mode=0o755, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts:
+            if create:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                raise RootsError(
+                    f"{'/'.join(parts)}: not a plain directory ({exc.strerror})"
+                ) from None
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_file(root, relpath, blocks, mode, expect_sha256=None):
+    """
+    Write ``relpath`` below ``root`` atomically from ``blocks`` (an iterable of bytes) with
+    ``mode``; returns the SHA-256 written. Never writes through a symlink or outside ``root``.
+
+    root
+        The destination root directory.
+
+    relpath
+        The file's path relative to ``root``.
+
+    blocks
+        The content, in bounded pieces.
+
+    mode
+        Permission bits (``0o644``, ``0o755`` ...).
+
+    expect_sha256
+        When given, the content must hash to it or nothing is renamed into place
+        (``RootsError``).
+    """
+    *dirs, name = check_relpath(relpath)
+    dfd = _open_dir(root, dirs, create=True)
+    tmp = f"{_TMP_PREFIX}{os.urandom(6).hex()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
+        digest_ = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                for block in blocks:
+                    digest_.update(block)
+                    handle.write(block)
+                handle.flush()
+                os.fchmod(handle.fileno(), mode & 0o777)
+                os.fsync(handle.fileno())
+            if expect_sha256 is not None and digest_.hexdigest() != expect_sha256:
+                raise RootsError(f"{relpath!r}: content changed during the sync; run it again")
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except FileNotFoundError:
+                pass
+            raise
+        os.fsync(dfd)
+        return digest_.hexdigest()
+    finally:
+        os.close(dfd)
+
+
+def set_mode(root, relpath, mode):
+    """
+    Set the permission bits of ``relpath`` below ``root`` (a regular file; never a symlink).
+
+    root
+        The destination root directory.
+
+    relpath
+        The file's path relative to ``root``.
+
+    mode
+        Permission bits.
+    """
+    *dirs, name = check_relpath(relpath)
+    dfd = _open_dir(root, dirs, create=False)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+        try:
+            os.fchmod(fd, mode & 0o777)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dfd)
+
+
+def delete_file(root, relpath):
+    """
+    Remove ``relpath`` below ``root`` (the entry itself, never what a symlink points at), then
+    the directories it leaves empty, up to but not including ``root``.
+
+    root
+        The destination root directory.
+
+    relpath
+        The file's path relative to ``root``.
+    """
+    *dirs, name = check_relpath(relpath)
+    try:
+        dfd = _open_dir(root, dirs, create=False)
+    except RootsError:
+        return
+    try:
+        try:
+            os.unlink(name, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+    finally:
+        os.close(dfd)
+    while dirs:
+        leaf = dirs.pop()
+        parent = _open_dir(root, dirs, create=False)
+        try:
+            os.rmdir(leaf, dir_fd=parent)
+        except OSError:
+            return
+        finally:
+            os.close(parent)

@@ -1,0 +1,438 @@
+"""
+Bulk data off the publish bus: a runner *stages* bytes for one control minion and publishes only
+a small descriptor (a ticket, the size and the SHA-256); the recipient *pulls* the bytes in
+bounded chunks from the master that sent the job, over its own request channel, through the one
+runner function that master exposes to its control minions (``peer_run``, rendered by
+``multimaster.master``).
+
+Tickets are random, bound to the recipient's minion id, expire in minutes and are used up when
+the last chunk has been served: a replayed ticket, or one presented by another minion, is
+refused. The transport moves bytes; what must stay secret is sealed to the recipient before it
+is staged (``multimaster_seal``), so a chunk that lands in a job cache or an event is ciphertext.
+"""
+
+import base64
+import binascii
+import bisect
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from contextlib import contextmanager
+
+import salt.utils.jid
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from salt.exceptions import CommandExecutionError
+
+# The runner function a recipient calls on the sending master (``peer_run`` allows only it).
+PULL = "multimaster_transfer.pull"
+CHUNK = 4 * 1024 * 1024
+TTL = 300
+# A leading letter: Salt's argument parser would read an all-digit ticket as a number.
+_TICKET_RE = re.compile(r"t[0-9a-f]{48}\Z")
+_DIGEST_RE = re.compile(r"[0-9a-f]{64}\Z")
+
+
+class TransferError(CommandExecutionError):
+    """
+    A transfer could not be staged, served or received; the message says why.
+    """
+
+
+def outbox(opts):
+    """
+    The private directory where a master keeps staged transfers.
+
+    opts
+        The master's opts.
+    """
+    return os.path.join(opts["cachedir"], "multimaster", "outbox")
+
+
+def _paths(opts, ticket):
+    base = os.path.join(outbox(opts), ticket)
+    return base + ".data", base + ".meta"
+
+
+@contextmanager
+def _locked(opts):
+    directory = outbox(opts)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield directory
+    finally:
+        os.close(fd)
+
+
+def _write_private(path, data):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+def _read_meta(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def _remove(*paths):
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _prune(opts, directory):
+    now = time.time()
+    for name in os.listdir(directory):
+        if name.endswith(".meta"):
+            meta = _read_meta(os.path.join(directory, name))
+            if meta is None or meta.get("expires", 0) <= now:
+                _remove(*_paths(opts, name[: -len(".meta")]))
+
+
+def stage(opts, recipient, data, ttl=TTL):
+    """
+    Stage ``data`` for ``recipient``; returns the descriptor to publish:
+    ``{"ticket", "size", "sha256"}``.
+
+    opts
+        The sending master's opts (its ``cachedir`` holds the outbox).
+
+    recipient
+        The minion id that may pull it (a control minion).
+
+    data
+        The bytes to move (seal secrets first).
+
+    ttl
+        Seconds the ticket stays valid (default 300).
+    """
+    ticket = "t" + os.urandom(24).hex()
+    data_path, meta_path = _paths(opts, ticket)
+    with _locked(opts) as directory:
+        _prune(opts, directory)
+        _write_private(data_path, data)
+        meta = {
+            "recipient": recipient,
+            "expires": int(time.time()) + int(ttl),
+            "size": len(data),
+            "next": 0,
+        }
+        _write_private(meta_path, json.dumps(meta).encode())
+    return {"ticket": ticket, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def stage_files(opts, recipient, members, key=None, ttl=TTL):
+    """
+    Stage the concatenation of files for ``recipient`` without copying them: each chunk is read
+    from the files when it is served (exactly each file's listed size: a file that changed in
+    between fails the recipient's per-file check). With ``key`` every chunk is encrypted
+    (AES-256-GCM, nonce from its offset). Returns ``{"ticket", "size", "sha256": None}``.
+
+    opts
+        The sending master's opts.
+
+    recipient
+        The minion id that may pull it.
+
+    members
+        ``[(absolute path, size), ...]`` in stream order.
+
+    key
+        32 bytes to encrypt the stream with (seal it to the recipient separately), or ``None``.
+
+    ttl
+        Seconds the ticket stays valid (default 300).
+    """
+    ticket = "t" + os.urandom(24).hex()
+    _, meta_path = _paths(opts, ticket)
+    size = sum(int(member_size) for _, member_size in members)
+    with _locked(opts) as directory:
+        _prune(opts, directory)
+        meta = {
+            "recipient": recipient,
+            "expires": int(time.time()) + int(ttl),
+            "size": size,
+            "next": 0,
+            "members": [[str(path), int(member_size)] for path, member_size in members],
+            "key": key.hex() if key else None,
+        }
+        _write_private(meta_path, json.dumps(meta).encode())
+    return {"ticket": ticket, "size": size, "sha256": None}
+
+
+def _nonce(offset):
+    return offset.to_bytes(12, "big")
+
+
+def _read_members(members, offset, count):
+    """
+    ``count`` bytes of the concatenated ``members`` from ``offset`` (a short file is padded
+    with zeros, a grown one truncated: the recipient's per-file SHA-256 catches both).
+    """
+    starts, total = [], 0
+    for _, size in members:
+        starts.append(total)
+        total += size
+    out = bytearray()
+    index = bisect.bisect_right(starts, offset) - 1
+    while count > 0 and 0 <= index < len(members):
+        path, size = members[index]
+        within = offset - starts[index]
+        take = min(size - within, count)
+        if take > 0:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as handle:
+                handle.seek(within)
+                data = handle.read(take)
+            out += data.ljust(take, b"\0")
+            offset += take
+            count -= take
+        index += 1
+    return bytes(out)
+
+
+def _chunk(meta, data_path, offset):
+    if meta.get("members") is None:
+        with open(data_path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read(CHUNK)
+    return _read_members(meta["members"], offset, min(CHUNK, meta["size"] - offset))
+
+
+def forget_jobs(opts, jids):
+    """
+    Remove the given runner jobs from the master's own job cache (``local_cache``): the pull
+    jobs that carried chunks are transport, not history. Another job cache keeps them until
+    ``keep_jobs``.
+
+    opts
+        The sending master's opts.
+
+    jids
+        The job ids of earlier pulls of one transfer.
+    """
+    if not opts.get("job_cache", True) or opts.get("master_job_cache", "local_cache") != (
+        "local_cache"
+    ):
+        return
+    jobs = os.path.join(opts["cachedir"], "jobs")
+    for jid in jids:
+        if salt.utils.jid.is_jid(str(jid)):
+            shutil.rmtree(
+                salt.utils.jid.jid_dir(jid, jobs, opts.get("hash_type", "sha256")),
+                ignore_errors=True,
+            )
+
+
+def serve(opts, requester, ticket, offset, jid=None):
+    """
+    The next chunk of a staged transfer for ``requester``: ``{"data" (base64), "offset",
+    "size"}``, ``{"done": True, ...}`` for the final acknowledgement, or
+    ``{"error": ...}`` when the ticket is malformed, unknown, used up, expired, not issued to the
+    requester, or the offset is not the next one. The last chunk uses the ticket up.
+
+    opts
+        The sending master's opts.
+
+    requester
+        The id of the minion asking (Salt authenticated it on the request channel).
+
+    ticket
+        The ticket from the descriptor.
+
+    offset
+        Where the chunk starts: 0, then the end of the previous chunk; the size of the transfer
+        acknowledges the whole of it, which uses the ticket up.
+
+    jid
+        The job id of this pull (a runner job Salt stores); earlier pulls of the same transfer
+        are removed from the job cache as the next one arrives, all of them at the end.
+    """
+    if not isinstance(ticket, str) or not _TICKET_RE.match(ticket):
+        return {"error": "malformed ticket"}
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        return {"error": f"offset {offset!r} is not a non-negative integer"}
+    data_path, meta_path = _paths(opts, ticket)
+    with _locked(opts):
+        meta = _read_meta(meta_path)
+        if meta is None:
+            return {"error": "unknown or used ticket: refusing a replay"}
+        if meta["recipient"] != requester:
+            return {"error": f"ticket was not issued to {requester!r}"}
+        if meta["expires"] <= time.time():
+            _remove(data_path, meta_path)
+            return {"error": "ticket expired"}
+        if offset != meta["next"]:
+            return {"error": f"offset {offset} is not the next one ({meta['next']})"}
+        forget_jobs(opts, meta.get("jids", []))
+        if offset == meta["size"]:
+            _remove(data_path, meta_path)
+            return {"done": True, "offset": offset, "size": meta["size"]}
+        try:
+            chunk = _chunk(meta, data_path, offset)
+        except OSError as exc:
+            return {"error": f"cannot read the staged data: {exc.strerror}"}
+        meta["next"] = offset + len(chunk)
+        meta["jids"] = [jid] if jid else []
+        tmp = meta_path + ".tmp"
+        _remove(tmp)
+        _write_private(tmp, json.dumps(meta).encode())
+        os.replace(tmp, meta_path)
+    if meta.get("key"):
+        chunk = AESGCM(bytes.fromhex(meta["key"])).encrypt(_nonce(offset), chunk, ticket.encode())
+    # Base64: Salt's runner return path turns bytes that happen to be UTF-8 into str.
+    return {"data": base64.b64encode(chunk).decode(), "offset": offset, "size": meta["size"]}
+
+
+def check_descriptor(descriptor):
+    """
+    The descriptor a publish carried, checked; returns it. Raises ``TransferError``.
+
+    descriptor
+        ``{"ticket", "size", "sha256"}`` as ``stage`` made it.
+    """
+    if (
+        not isinstance(descriptor, dict)
+        or not _TICKET_RE.match(str(descriptor.get("ticket")))
+        or not isinstance(descriptor.get("size"), int)
+        or descriptor["size"] < 0
+        or not (descriptor.get("sha256") is None or _DIGEST_RE.match(str(descriptor["sha256"])))
+    ):
+        raise TransferError(f"malformed transfer descriptor {descriptor!r:.200}")
+    return descriptor
+
+
+def _decoded(data):
+    if not isinstance(data, str):
+        return None
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def chunks(descriptor, pull, key=None):
+    """
+    Yield the plaintext chunks of a staged transfer in order, decrypting with ``key`` when the
+    stream is encrypted. Checks each answer; raises ``TransferError`` naming what went wrong.
+
+    descriptor
+        ``{"ticket", "size", "sha256"}`` from the publish.
+
+    pull
+        ``pull(ticket, offset)`` -> the sending master's answer (``serve``'s return).
+
+    key
+        The stream key (32 bytes) for an encrypted stream, else ``None``.
+    """
+    check_descriptor(descriptor)
+    size, offset = descriptor["size"], 0
+    while offset < size:
+        chunk = _decoded(_answer(pull(descriptor["ticket"], offset)).get("data"))
+        if chunk is None:
+            raise TransferError(f"malformed chunk at offset {offset}")
+        if key is not None:
+            try:
+                chunk = AESGCM(key).decrypt(_nonce(offset), chunk, descriptor["ticket"].encode())
+            except InvalidTag:
+                raise TransferError(f"chunk at offset {offset} fails authentication") from None
+        if not chunk:
+            raise TransferError(f"transfer ended at {offset} of {size} bytes")
+        offset += len(chunk)
+        yield chunk
+    if offset != size or not _answer(pull(descriptor["ticket"], size)).get("done"):
+        raise TransferError(f"transfer of {size} bytes was not completed")
+
+
+def _answer(answer):
+    """
+    The sending master's answer to a pull, checked for a refusal.
+    """
+    # Salt answers {} when peer_run does not allow the pull; a string when it timed out.
+    if not isinstance(answer, dict) or not answer:
+        raise TransferError(
+            f"the master refused the pull ({answer!r:.200}): is peer_run for {PULL} "
+            "rendered by multimaster.master on it?"
+        )
+    if "error" in answer:
+        raise TransferError(f"the master refused the pull: {answer['error']}")
+    return answer
+
+
+def fetch(descriptor, pull, limit=None):
+    """
+    Pull a staged transfer and return its bytes, checked against the descriptor's size and
+    SHA-256. Raises ``TransferError`` naming what went wrong.
+
+    descriptor
+        ``{"ticket", "size", "sha256"}`` from the publish.
+
+    pull
+        ``pull(ticket, offset)`` -> the sending master's answer (``serve``'s return).
+
+    limit
+        The largest size accepted (bytes); ``None`` for any.
+    """
+    check_descriptor(descriptor)
+    if limit is not None and descriptor["size"] > limit:
+        raise TransferError(f"transfer of {descriptor['size']} bytes exceeds the limit of {limit}")
+    data = b"".join(chunks(descriptor, pull))
+    if descriptor["sha256"] is None or hashlib.sha256(data).hexdigest() != descriptor["sha256"]:
+        raise TransferError("transfer does not match its descriptor (size or SHA-256)")
+    return data
+
+
+class Reader:
+    """
+    File-like ``read(n)`` over a stream of chunks: hands out each file's bytes in bounded
+    pieces, so a large tree never sits in memory.
+    """
+
+    def __init__(self, stream):
+        self._stream = iter(stream)
+        self._buffer = b""
+
+    def read(self, count):
+        """
+        Up to ``count`` bytes; fewer only at the end of the stream.
+
+        count
+            How many bytes.
+        """
+        while len(self._buffer) < count:
+            try:
+                self._buffer += next(self._stream)
+            except StopIteration:
+                break
+        data, self._buffer = self._buffer[:count], self._buffer[count:]
+        return data
+
+    def blocks(self, size, block=1024 * 1024):
+        """
+        Yield exactly ``size`` bytes in pieces of at most ``block``; raises ``TransferError``
+        when the stream ends early.
+
+        size
+            How many bytes (one file's size).
+
+        block
+            The largest piece.
+        """
+        while size > 0:
+            data = self.read(min(block, size))
+            if not data:
+                raise TransferError("the stream ended inside a file")
+            size -= len(data)
+            yield data

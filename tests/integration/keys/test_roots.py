@@ -1,0 +1,236 @@
+"""
+The roots plane on real daemons: ``sync_roots`` makes master2's and master3's file and pillar
+roots (their own config's paths, paired with master1's by environment and position) equal to
+master1's: regular files with their modes, deletions, nothing through a symlink, nothing written
+on a dry run or a no-op, pillar content nowhere but in the roots, and no large publish.
+"""
+
+import os
+import shutil
+import stat
+
+import pytest
+
+from ..harness import REPO_ROOT, Ports
+from . import keytools
+
+pytestmark = pytest.mark.integration
+
+PREFIX = "kr"
+PORTS = Ports(publish=31130, ret=31131)
+DAEMON_EXTRA = {"log_level": "debug", "log_level_logfile": "debug"}
+MARKER = "MMROOTS-" + "5f1d0c9e7a3b4d62a8e1f0b7c6d5e4a3"
+FORMULA_PARTS = ("multimaster", "_modules", "_runners", "_states", "_utils")
+
+
+def root_paths(index, pillar_dir):
+    """
+    ``(formula, tree, shared pillar, pillar)`` dirs of master ``index``: master1's shared pillar
+    dir is the key cluster's (the control minions' ``multimaster`` pillar lives there).
+    """
+    base = pillar_dir.parent / f"{PREFIX}-roots" / f"master{index + 1}"
+    shared = pillar_dir if index == 0 else base / "pillar-shared"
+    return base / "formula", base / "tree", shared, base / "pillar"
+
+
+# index -> (formula, tree, shared pillar, pillar): filled when the masters are configured (the
+# factories put their own state and pillar trees first in every master's roots).
+ROOTS = {}
+
+
+def MASTER_ROOTS(index, pillar_dir):  # noqa: N802  (the conftest hook's name)
+    formula, tree, shared, pillar = ROOTS[index] = root_paths(index, pillar_dir)
+    for path in (formula, tree, shared, pillar):
+        path.mkdir(parents=True, exist_ok=True)
+    if index == 0:
+        # The formula as a user would put it in file_roots (not the whole checkout).
+        for part in FORMULA_PARTS:
+            shutil.copytree(REPO_ROOT / part, formula / part, dirs_exist_ok=True)
+    return {
+        "file_roots": {"base": [str(formula), str(tree)]},
+        "pillar_roots": {"base": [str(shared), str(pillar)]},
+    }
+
+
+@pytest.fixture(scope="module")
+def cluster(key_cluster):
+    return key_cluster
+
+
+def paths_of(cluster, index):
+    return ROOTS[index]
+
+
+@pytest.fixture(scope="module")
+def trees(cluster):
+    """
+    master1's tree (nested dirs, a 0755 script, a binary, a name with spaces, an empty file,
+    a symlink to a file outside, a symlink to /etc, a pillar file with a marker) and stale files
+    on master2 and master3.
+    """
+    _, tree, _, pillar = paths_of(cluster, 0)
+    outside = tree.parent / "outside.txt"
+    outside.write_text("not in any root\n")
+    (tree / "web" / "conf").mkdir(parents=True)
+    (tree / "web" / "init.sls").write_text("web-pkg:\n  test.succeed_without_changes\n")
+    (tree / "web" / "conf" / "deploy.sh").write_text("#!/bin/sh\necho deploy\n")
+    (tree / "web" / "conf" / "deploy.sh").chmod(0o755)
+    (tree / "blob.bin").write_bytes(bytes(range(256)) * 64)
+    (tree / "with space.sls").write_text("spaced:\n  test.nop\n")
+    (tree / "empty.sls").write_bytes(b"")
+    (tree / "outside-link").symlink_to(outside)
+    (tree / "etc-link").symlink_to("/etc")
+    (pillar / "secret.sls").write_text(f"app:\n  password: {MARKER}\n")
+    for index in (1, 2):
+        _, peer_tree, _, _ = paths_of(cluster, index)
+        (peer_tree / "stale" / "deep").mkdir(parents=True)
+        (peer_tree / "stale" / "deep" / "old.sls").write_text("old: 1\n")
+        (peer_tree / "web").mkdir()
+        (peer_tree / "web" / "init.sls").write_text("outdated\n")
+    return tree
+
+
+def snapshot(root):
+    """
+    ``{relative path: (kind, bytes or target, mode, inode, mtime_ns)}`` of everything under root.
+    """
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            info = os.lstat(path)
+            rel = os.path.relpath(path, root)
+            if stat.S_ISLNK(info.st_mode):
+                found[rel] = ("link", os.readlink(path), None, info.st_ino, info.st_mtime_ns)
+            elif stat.S_ISDIR(info.st_mode):
+                found[rel] = ("dir", None, None, None, None)
+            else:
+                with open(path, "rb") as handle:
+                    data = handle.read()
+                found[rel] = (
+                    "file",
+                    data,
+                    stat.S_IMODE(info.st_mode),
+                    info.st_ino,
+                    info.st_mtime_ns,
+                )
+    return found
+
+
+def content(snap):
+    """
+    The regular files of a snapshot: path, bytes, mode (what a sync must reproduce).
+    """
+    return {rel: entry[:3] for rel, entry in snap.items() if entry[0] == "file"}
+
+
+def peer_roots(cluster):
+    return [p for index in (1, 2) for p in paths_of(cluster, index)]
+
+
+def test_dry_run_plans_and_changes_nothing(cluster, trees):
+    before = {str(p): snapshot(p) for p in peer_roots(cluster)}
+    ret = cluster.run("sync_roots", "test=True")
+    assert ret.returncode == 0, ret
+    planned = ret.data["masters"][cluster.masters[1].id]["planned"]
+    assert "tree/web/conf/deploy.sh" in "\n".join(planned["added"])
+    assert any(p.endswith("stale/deep/old.sls") for p in planned["deleted"])
+    assert {str(p): snapshot(p) for p in peer_roots(cluster)} == before
+
+
+def test_sync_mirrors_files_modes_and_deletions_without_following_symlinks(cluster, trees):
+    ret = cluster.run("sync_roots")
+    assert ret.returncode == 0, ret
+    report = ret.data["masters"][cluster.masters[1].id]
+    skipped = report["changes"]["skipped"]
+    assert set(skipped.values()) == {"symlink (never followed)"}, skipped
+    source = [content(snapshot(p)) for p in paths_of(cluster, 0)]
+    for index in (1, 2):
+        for src, dst in zip(source, paths_of(cluster, index), strict=True):
+            assert content(snapshot(dst)) == src, dst
+    _, peer_tree, _, _ = paths_of(cluster, 1)
+    assert stat.S_IMODE(os.stat(peer_tree / "web" / "conf" / "deploy.sh").st_mode) == 0o755
+    assert not (peer_tree / "stale").exists()
+    assert not (peer_tree / "etc-link").exists() and not (peer_tree / "outside-link").exists()
+    # master2's fileserver serves the new files at once (no restart, no cache wait).
+    listed = keytools.run_cli("salt-run", cluster.masters[1].config_dir, "fileserver.file_list")
+    assert "web/conf/deploy.sh" in listed.stdout, listed
+
+
+def test_a_no_op_rewrites_nothing(cluster, trees):
+    assert cluster.run("sync_roots").returncode == 0
+    before = {str(p): snapshot(p) for p in peer_roots(cluster)}
+    ret = cluster.run("sync_roots")
+    assert ret.returncode == 0, ret
+    assert all(r == {"result": True, "changed": False} for r in ret.data["masters"].values()), ret
+    assert {str(p): snapshot(p) for p in peer_roots(cluster)} == before
+
+
+def test_one_change_and_one_deletion_propagate(cluster, trees):
+    assert cluster.run("sync_roots").returncode == 0
+    (trees / "web" / "init.sls").write_text("web-pkg:\n  test.succeed_with_changes\n")
+    (trees / "empty.sls").unlink()
+    ret = cluster.run("sync_roots")
+    assert ret.returncode == 0, ret
+    counts = ret.data["masters"][cluster.masters[2].id]["changes"]["counts"]
+    assert (counts["added"], counts["changed"], counts["deleted"]) == (0, 1, 1), counts
+    _, peer_tree, _, _ = paths_of(cluster, 2)
+    assert (peer_tree / "web" / "init.sls").read_text().endswith("succeed_with_changes\n")
+    assert not (peer_tree / "empty.sls").exists()
+
+
+def test_a_symlinked_directory_on_a_peer_is_not_written_through(cluster, trees, tmp_path):
+    _, peer_tree, _, _ = paths_of(cluster, 1)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(peer_tree / "web")
+    (peer_tree / "web").symlink_to(elsewhere)
+    try:
+        ret = cluster.run("sync_roots")
+        assert ret.returncode != 0, ret
+        assert "not a plain directory" in str(ret.data["masters"][cluster.masters[1].id])
+        assert list(elsewhere.iterdir()) == []
+    finally:
+        (peer_tree / "web").unlink()
+    assert cluster.run("sync_roots").returncode == 0
+
+
+def test_pillar_content_is_only_in_the_roots(cluster, trees, event_listener):
+    """
+    The marker planted in a master1 pillar_roots file reaches master2's and master3's pillar
+    roots, and appears nowhere else on disk: job caches, logs at debug, proc/, caches of every
+    daemon, nor in the run's output or the largest publish.
+    """
+    with keytools.EventCapture(event_listener) as capture:
+        ret = cluster.run("sync_roots", "roots=pillar")
+    assert ret.returncode == 0, ret
+    for index in (1, 2):
+        assert MARKER in (paths_of(cluster, index)[3] / "secret.sls").read_text()
+    scanner = keytools.SecretScanner(MARKER)
+    hits = []
+    for daemon in [*cluster.masters, *cluster.control]:
+        hits += scanner.scan_tree(daemon.config["root_dir"], skip_dirs=())
+    roots = {str(p) for index in range(3) for p in paths_of(cluster, index)}
+    hits = [h for h in hits if not any(h[0].startswith(r + os.sep) for r in roots)]
+    assert not hits, hits
+    assert scanner.find((ret.stdout + ret.stderr).encode()) is None
+    leaked = [tag for _, tag, data in capture.dumps() if MARKER in data]
+    assert not leaked, leaked
+
+
+def test_no_roots_publish_exceeds_64_kb(cluster, trees):
+    before = keytools.job_loads(cluster.primary)
+    (trees / "big.bin").write_bytes(os.urandom(3 * 1024 * 1024))
+    try:
+        ret = cluster.run("sync_roots")
+        assert ret.returncode == 0, ret
+        loads = {j: v for j, v in keytools.job_loads(cluster.primary).items() if j not in before}
+        published, pulled = keytools.largest_publish(loads)
+        print(
+            f"\nsync_roots moving 3 MB: largest publish {published} bytes; largest pull job "
+            f"kept in the job cache {pulled} bytes"
+        )
+        assert 0 < published <= 64 * 1024, loads
+        assert pulled < 4096, loads  # the pull jobs that carried chunks are gone
+    finally:
+        (trees / "big.bin").unlink()

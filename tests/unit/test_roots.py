@@ -1,0 +1,161 @@
+"""
+Roots trees: manifests skip what must not move, plans mirror the source, and writes stay inside
+the root whatever names or symlinks an attacker arranged.
+"""
+
+import os
+import stat
+
+import pytest
+
+from .helpers import UTILS  # noqa: F401  (puts _utils on sys.path)
+
+import multimaster_roots as roots  # noqa: E402  isort: skip
+
+
+@pytest.fixture
+def tree(tmp_path):
+    src = tmp_path / "src"
+    (src / "nested" / "deep").mkdir(parents=True)
+    (src / "top.sls").write_text("base: {'*': [web]}\n")
+    (src / "nested" / "deep" / "run.sh").write_text("#!/bin/sh\n")
+    (src / "nested" / "deep" / "run.sh").chmod(0o755)
+    (src / "blob.bin").write_bytes(bytes(range(256)) * 10)
+    (src / "with space.sls").write_text("x: 1\n")
+    (src / "empty").write_bytes(b"")
+    (src / ".git").mkdir()
+    (src / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (tmp_path / "outside").write_text("secret\n")
+    (src / "link-out").symlink_to(tmp_path / "outside")
+    (src / "etc").symlink_to("/etc")
+    (src / "new\nline").write_text("x\n")
+    return src
+
+
+def test_manifest_lists_regular_files_and_reports_what_it_skips(tree):
+    files, skipped = roots.manifest(tree)
+    assert sorted(files) == ["blob.bin", "empty", "nested/deep/run.sh", "top.sls", "with space.sls"]
+    assert files["nested/deep/run.sh"]["mode"] == 0o755
+    assert files["empty"]["size"] == 0
+    assert skipped == {
+        "link-out": "symlink (never followed)",
+        "etc": "symlink (never followed)",
+        "new\nline": "control character in name",
+    }
+
+
+def test_a_missing_root_is_an_empty_tree(tmp_path):
+    assert roots.manifest(tmp_path / "nope") == ({}, {})
+
+
+def test_plan_mirrors_the_source():
+    entry = {"size": 1, "mode": 0o644, "sha256": "a" * 64}
+    source = {"same": entry, "new": entry, "edited": entry, "chmod": dict(entry, mode=0o755)}
+    target = {"same": entry, "edited": dict(entry, sha256="b" * 64), "chmod": entry, "stale": entry}
+    assert roots.plan(source, target) == {
+        "add": ["new"],
+        "change": ["edited"],
+        "mode": ["chmod"],
+        "delete": ["stale"],
+    }
+
+
+def test_digest_is_equal_for_equal_trees_only(tree, tmp_path):
+    files, _ = roots.manifest(tree)
+    dst = tmp_path / "dst"
+    for rel, info in files.items():
+        with open(tree / rel, "rb") as handle:
+            roots.write_file(dst, rel, [handle.read()], info["mode"])
+    copied, _ = roots.manifest(dst)
+    assert roots.digest(copied) == roots.digest(files)
+    roots.set_mode(dst, "top.sls", 0o600)
+    assert roots.digest(roots.manifest(dst)[0]) != roots.digest(files)
+
+
+def test_write_is_atomic_and_keeps_the_mode(tmp_path):
+    digest = roots.write_file(tmp_path, "a/b/c.sh", [b"#!", b"/bin/sh\n"], 0o755)
+    path = tmp_path / "a" / "b" / "c.sh"
+    assert path.read_bytes() == b"#!/bin/sh\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o755
+    assert digest == roots.sha256_file(path)
+    assert [n for n in os.listdir(path.parent) if n.startswith(".multimaster-tmp")] == []
+
+
+@pytest.mark.parametrize(
+    "relpath",
+    ["../escape", "a/../../escape", "/etc/passwd", "a//b", "./x", "new\nline", "a\0b", ""],
+)
+def test_unsafe_paths_are_refused_with_nothing_written(tmp_path, relpath):
+    root = tmp_path / "root"
+    root.mkdir()
+    with pytest.raises(roots.RootsError):
+        roots.write_file(root, relpath, [b"x"], 0o644)
+    assert list(root.iterdir()) == []
+    assert not (tmp_path / "escape").exists()
+
+
+def test_a_symlinked_directory_on_the_peer_is_never_written_through(tmp_path):
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    (root / "etc").symlink_to(elsewhere)
+    with pytest.raises(roots.RootsError, match="not a plain directory"):
+        roots.write_file(root, "etc/passwd", [b"owned"], 0o644)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_symlinked_file_on_the_peer_is_replaced_not_followed(tmp_path):
+    root, target = tmp_path / "root", tmp_path / "target"
+    root.mkdir()
+    target.write_text("untouched\n")
+    (root / "file.sls").symlink_to(target)
+    roots.write_file(root, "file.sls", [b"new\n"], 0o644)
+    assert target.read_text() == "untouched\n"
+    assert not (root / "file.sls").is_symlink()
+    assert (root / "file.sls").read_text() == "new\n"
+
+
+def test_a_symlinked_root_is_the_administrators_choice_and_followed(tmp_path):
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    link.symlink_to(real)
+    roots.write_file(link, "x", [b"x"], 0o644)
+    assert (real / "x").read_bytes() == b"x"
+    assert sorted(roots.manifest(link)[0]) == ["x"]
+
+
+def test_delete_removes_the_file_and_empty_dirs_but_never_the_root(tmp_path):
+    roots.write_file(tmp_path, "a/b/c", [b"x"], 0o644)
+    roots.write_file(tmp_path, "a/keep", [b"x"], 0o644)
+    roots.delete_file(tmp_path, "a/b/c")
+    assert sorted(os.listdir(tmp_path)) == ["a"]
+    assert os.listdir(tmp_path / "a") == ["keep"]
+    roots.delete_file(tmp_path, "a/keep")
+    assert tmp_path.exists() and os.listdir(tmp_path) == []
+
+
+def test_delete_removes_a_symlink_itself_not_its_target(tmp_path):
+    root, target = tmp_path / "root", tmp_path / "target"
+    root.mkdir()
+    target.write_text("keep\n")
+    (root / "link").symlink_to(target)
+    roots.delete_file(root, "link")
+    assert not (root / "link").is_symlink() and target.read_text() == "keep\n"
+
+
+def test_set_mode_refuses_a_symlink(tmp_path):
+    target = tmp_path / "target"
+    target.write_text("x")
+    target.chmod(0o644)
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "link").symlink_to(target)
+    with pytest.raises(OSError):
+        roots.set_mode(tmp_path / "root", "link", 0o777)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+
+
+def test_content_that_does_not_match_its_manifest_is_not_renamed_into_place(tmp_path):
+    (tmp_path / "f").write_text("old\n")
+    with pytest.raises(roots.RootsError, match="changed during the sync"):
+        roots.write_file(tmp_path, "f", [b"new\n"], 0o644, expect_sha256="0" * 64)
+    assert os.listdir(tmp_path) == ["f"] and (tmp_path / "f").read_text() == "old\n"

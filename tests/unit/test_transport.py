@@ -1,0 +1,213 @@
+"""
+The pull transport: staged bytes reach only the minion they were staged for, once, in bounded
+chunks, checked against the published size and SHA-256.
+"""
+
+import base64
+import os
+import re
+import stat
+
+import pytest
+
+from .helpers import UTILS  # noqa: F401  (puts _utils on sys.path)
+
+import multimaster_settings  # noqa: E402  isort: skip
+import multimaster_transport as transport  # noqa: E402  isort: skip
+
+
+@pytest.fixture
+def sender(tmp_path):
+    return {"cachedir": str(tmp_path)}
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(transport, "CHUNK", 1000)
+
+
+def puller(sender, requester):
+    calls = []
+
+    def pull(ticket, offset):
+        calls.append(offset)
+        return transport.serve(sender, requester, ticket, offset)
+
+    pull.calls = calls
+    return pull
+
+
+def test_bytes_arrive_in_bounded_chunks_and_the_ticket_is_used_up(sender, small_chunks):
+    data = os.urandom(4500)
+    descriptor = transport.stage(sender, "cm2", data)
+    pull = puller(sender, "cm2")
+    assert transport.fetch(descriptor, pull) == data
+    assert pull.calls == [0, 1000, 2000, 3000, 4000, 4500]  # the last one acknowledges
+    assert [n for n in os.listdir(transport.outbox(sender)) if not n.startswith(".")] == []
+
+
+def test_a_replayed_ticket_is_refused(sender):
+    descriptor = transport.stage(sender, "cm2", b"actions")
+    transport.fetch(descriptor, puller(sender, "cm2"))
+    with pytest.raises(transport.TransferError, match="unknown or used ticket"):
+        transport.fetch(descriptor, puller(sender, "cm2"))
+
+
+def test_a_foreign_minion_is_refused_and_the_recipient_still_gets_it(sender):
+    descriptor = transport.stage(sender, "cm2", b"sealed")
+    with pytest.raises(transport.TransferError, match="not issued to 'web1'"):
+        transport.fetch(descriptor, puller(sender, "web1"))
+    assert transport.fetch(descriptor, puller(sender, "cm2")) == b"sealed"
+
+
+def test_an_expired_ticket_is_refused(sender):
+    descriptor = transport.stage(sender, "cm2", b"sealed", ttl=-1)
+    with pytest.raises(transport.TransferError, match="expired"):
+        transport.fetch(descriptor, puller(sender, "cm2"))
+
+
+def test_chunks_are_served_in_order_only(sender, small_chunks):
+    descriptor = transport.stage(sender, "cm2", os.urandom(3000))
+    answer = transport.serve(sender, "cm2", descriptor["ticket"], 1000)
+    assert answer == {"error": "offset 1000 is not the next one (0)"}
+
+
+@pytest.mark.parametrize(
+    "ticket", ["../../etc/passwd", "t" + "0" * 47, 12345, None, "T" + "a" * 48]
+)
+def test_malformed_tickets_are_refused(sender, ticket):
+    assert transport.serve(sender, "cm2", ticket, 0) == {"error": "malformed ticket"}
+
+
+def test_a_tampered_descriptor_is_detected(sender):
+    descriptor = transport.stage(sender, "cm2", b"the real actions")
+    forged = dict(descriptor, sha256="0" * 64)
+    with pytest.raises(transport.TransferError, match="does not match its descriptor"):
+        transport.fetch(forged, puller(sender, "cm2"))
+
+
+def test_a_transfer_over_the_limit_is_refused_before_pulling(sender):
+    descriptor = transport.stage(sender, "cm2", b"x" * 100)
+    pull = puller(sender, "cm2")
+    with pytest.raises(transport.TransferError, match="exceeds the limit of 10"):
+        transport.fetch(descriptor, pull, limit=10)
+    assert pull.calls == []
+
+
+def test_an_empty_transfer_arrives(sender):
+    assert transport.fetch(transport.stage(sender, "cm2", b""), puller(sender, "cm2")) == b""
+
+
+def test_a_master_without_peer_run_gives_a_clear_error(sender):
+    descriptor = transport.stage(sender, "cm2", b"x")
+    with pytest.raises(transport.TransferError, match="is peer_run for multimaster_transfer.pull"):
+        transport.fetch(descriptor, lambda ticket, offset: {})
+
+
+def test_staged_files_are_private(sender):
+    transport.stage(sender, "cm2", b"sealed")
+    box = transport.outbox(sender)
+    assert stat.S_IMODE(os.stat(box).st_mode) == 0o700
+    for name in os.listdir(box):
+        assert stat.S_IMODE(os.stat(os.path.join(box, name)).st_mode) == 0o600
+
+
+def test_expired_transfers_are_pruned_when_the_next_is_staged(sender):
+    old = transport.stage(sender, "cm2", b"old", ttl=-1)
+    transport.stage(sender, "cm2", b"new")
+    assert not any(n.startswith(old["ticket"]) for n in os.listdir(transport.outbox(sender)))
+
+
+@pytest.mark.parametrize("malformed", [None, {}, {"ticket": "x", "size": 1, "sha256": "0" * 64}])
+def test_malformed_descriptors_are_refused(malformed):
+    with pytest.raises(transport.TransferError, match="malformed transfer descriptor"):
+        transport.check_descriptor(malformed)
+
+
+def test_peer_run_admits_exactly_the_control_minions_and_the_pull():
+    settings = {"masters": [{"id": "m1", "minion_id": "cm.1"}, {"id": "m2"}]}
+    ((who, what),) = multimaster_settings.pull_acl(settings).items()
+    # Salt's minion_runner checks both with re.match.
+    assert [bool(re.match(who, i)) for i in ("cm.1", "m2", "cmx1", "cm.10", "m2x", "xm2")] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+    ]
+    assert [bool(re.match(what[0], f)) for f in (transport.PULL, transport.PULL + "x")] == [
+        True,
+        False,
+    ]
+
+
+def test_files_stream_encrypted_and_split_back_into_files(sender, small_chunks, tmp_path):
+    sizes = [0, 2500, 1, 1999]
+    paths = []
+    for n, size in enumerate(sizes):
+        path = tmp_path / f"f{n}"
+        path.write_bytes(os.urandom(size))
+        paths.append(path)
+    key = os.urandom(32)
+    descriptor = transport.stage_files(
+        sender, "cm2", [(p, s) for p, s in zip(paths, sizes, strict=True)], key
+    )
+    assert descriptor["size"] == sum(sizes) and descriptor["sha256"] is None
+    seen = []
+
+    def pull(ticket, offset):
+        answer = transport.serve(sender, "cm2", ticket, offset)
+        seen.append(base64.b64decode(answer.get("data", "")))
+        return answer
+
+    reader = transport.Reader(transport.chunks(descriptor, pull, key))
+    for path, size in zip(paths, sizes, strict=True):
+        assert b"".join(reader.blocks(size, block=700)) == path.read_bytes()
+    # What crossed the wire (and a job cache would keep) is ciphertext.
+    assert not any(paths[1].read_bytes()[:64] in chunk for chunk in seen)
+
+
+def test_an_encrypted_stream_with_the_wrong_key_fails(sender, tmp_path):
+    (tmp_path / "f").write_bytes(b"pillar secret")
+    descriptor = transport.stage_files(sender, "cm2", [(tmp_path / "f", 13)], os.urandom(32))
+    with pytest.raises(transport.TransferError, match="fails authentication"):
+        list(transport.chunks(descriptor, puller(sender, "cm2"), os.urandom(32)))
+
+
+def test_a_symlink_swapped_in_after_staging_is_not_served(sender, tmp_path):
+    (tmp_path / "secret").write_text("root only\n")
+    (tmp_path / "f").write_text("0123456789")
+    descriptor = transport.stage_files(sender, "cm2", [(tmp_path / "f", 10)])
+    (tmp_path / "f").unlink()
+    (tmp_path / "f").symlink_to(tmp_path / "secret")
+    answer = transport.serve(sender, "cm2", descriptor["ticket"], 0)
+    assert answer["error"].startswith("cannot read the staged data")
+
+
+def test_pull_jobs_leave_the_job_cache_as_the_transfer_proceeds(sender, small_chunks):
+    sender.update(master_job_cache="local_cache", job_cache=True, hash_type="sha256")
+    jobs = os.path.join(sender["cachedir"], "jobs")
+    descriptor = transport.stage(sender, "cm2", os.urandom(2500))
+    jids = iter(["20261122000000000001", "20261122000000000002", "20261122000000000003"])
+    kept = []
+
+    def pull(ticket, offset):
+        jid = next(jids, None)
+        answer = transport.serve(sender, "cm2", ticket, offset, jid)
+        if jid:
+            # What Salt does after the runner returned: store the job.
+            path = transport.salt.utils.jid.jid_dir(jid, jobs, "sha256")
+            os.makedirs(path)
+            kept.append(path)
+        return answer
+
+    transport.fetch(descriptor, pull)
+    assert [os.path.exists(path) for path in kept] == [False, False, False]
+
+
+def test_an_unacknowledged_transfer_keeps_its_ticket(sender):
+    descriptor = transport.stage(sender, "cm2", b"data")
+    assert "data" in transport.serve(sender, "cm2", descriptor["ticket"], 0)
+    assert transport.serve(sender, "cm2", descriptor["ticket"], 4)["done"] is True
+    assert "used ticket" in transport.serve(sender, "cm2", descriptor["ticket"], 4)["error"]
