@@ -47,6 +47,9 @@ def wait_for(predicate, timeout, interval=0.2):
     """
     Call ``predicate`` until it returns something truthy and return that; None once ``timeout``
     seconds have passed. It is always called at least once.
+
+    interval
+        Seconds between two checks.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -271,6 +274,9 @@ def stop_now(pidfile, service, daemon, config_dir, timeout=30):
 
     A pidfile naming a live process that is not that daemon raises CommandExecutionError:
     that process is not signalled, and someone must look at it.
+
+    timeout
+        Seconds to wait for the daemon to exit before giving up.
     """
     proc, problem = _recorded_daemon(pidfile, daemon, config_dir)
     if problem:
@@ -291,6 +297,9 @@ def start_now(stopped, daemon, config_dir):
     """
     Start a daemon stopped by ``stop_now`` the way it ran; as ``daemon_command`` when it was not
     running at all.
+
+    config_dir
+        The daemon's config dir (the ``-c`` of the command built).
     """
     if stopped["service"]:
         subprocess.run(["systemctl", "start", stopped["service"]], check=False, timeout=60)

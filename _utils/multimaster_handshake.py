@@ -73,6 +73,12 @@ def _sign_in(minion_opts, host, port, master_pub=None, sign_pub=None, timeout=10
 def served_key(minion_opts, host, port, timeout=10):
     """
     The public key ``host:port`` serves to this minion on first contact, or None.
+
+    minion_opts
+        The opts of the minion signing in (its pki dir holds the key it proves).
+
+    timeout
+        Seconds to wait for the master's answer.
     """
     _, _, served = _sign_in(minion_opts, host, port, timeout=timeout)
     return served
@@ -82,6 +88,12 @@ def serves(minion_opts, host, port, master_pub, sign_pub=None, timeout=10):
     """
     ``(True, "ok")`` when the master at ``host:port`` proves it holds ``master_pub``'s private key
     (and, with ``sign_pub``, signs it with the matching signing key); else ``(False, reason)``.
+
+    minion_opts
+        The opts of the minion signing in (its pki dir holds the key it proves).
+
+    timeout
+        Seconds to wait for the master's answer.
     """
     ok, reason, _ = _sign_in(minion_opts, host, port, master_pub, sign_pub, timeout)
     return ok, reason

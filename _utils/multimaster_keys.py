@@ -101,6 +101,9 @@ def canonical(pem, where="key"):
     Refused: trailing junk, two PEMs, PKCS#1 ``RSA PUBLIC KEY``, private keys, EC keys, RSA below
     2048 bits, public exponent other than 65537. The canonical text re-encodes the same DER, so
     its fingerprint is the input's fingerprint.
+
+    where
+        What the key is, for the error message (e.g. ``key of web1``).
     """
     der = _der(pem)
     if der is None:
@@ -201,6 +204,9 @@ class Entry(NamedTuple):
 def bucket_of(minion_id):
     """
     The digest bucket of an id: inventories are compared bucket by bucket.
+
+    minion_id
+        The minion id.
     """
     return int.from_bytes(hashlib.sha256(minion_id.encode()).digest()[:4], "big") % BUCKETS
 

@@ -84,6 +84,9 @@ def _pki(mopts):
 def master_key_name(mopts):
     """
     The base name 3008 stores the master keypair under (``<id without _master>``).
+
+    mopts
+        The master's opts, as Salt loads them from its config dir (``master_opts``).
     """
     return mopts["id"].removesuffix("_master")
 
@@ -98,6 +101,9 @@ def locked(mopts, timeout=60):
     ``cluster_pki_dir`` in a cluster) while the block runs; yields the lock file's path. Raises
     ``CommandExecutionError`` naming the lock file when another run holds it for more than
     ``timeout`` seconds. Not re-entrant: a second ``locked`` in the same run waits for itself.
+
+    mopts
+        The master's opts, as Salt loads them from its config dir (``master_opts``).
     """
     path = os.path.join(_pki(mopts), LOCK_FILE)
     fd = _open_lock(path)
@@ -152,6 +158,9 @@ def inventory(mopts, with_pubs=False, ids=None, fp_cache=None):
     not read (see ``store_problems``); key files are never read through a link.
 
     ``fp_cache`` (localfs_key only): a ``FingerprintCache`` the caller keeps between runs.
+
+    mopts
+        The master's opts, as Salt loads them from its config dir (``master_opts``).
     """
     if _localfs(mopts):
         keys, denied = _scan_localfs(_pki(mopts), ids, with_pubs, fp_cache)
@@ -319,6 +328,9 @@ def store_problems(mopts):
     Why this master's key store cannot be fully read or written, as sentences (``[]`` when
     fine): a state dir that is a symbolic link or not a directory. Its keys are left out of
     the inventory and nothing is written to the store until it is fixed. localfs_key only.
+
+    mopts
+        The master's opts, as Salt loads them from its config dir (``master_opts``).
     """
     if not _localfs(mopts):
         return []
@@ -356,6 +368,9 @@ def _real_dir(path):
 def repair_needed(mopts):
     """
     True when an interrupted run left temp files or an id in more than one state dir.
+
+    mopts
+        The master's opts, as Salt loads them from its config dir (``master_opts``).
     """
     if not _localfs(mopts):
         return False
@@ -375,6 +390,9 @@ def repair(mopts):
     """
     Under the store lock: remove temp files of an interrupted run and leave every id in the one
     state Salt reads (rejected > pending > accepted). Returns the ids that were repaired.
+
+    mopts
+        The master's opts, as Salt loads them from its config dir (``master_opts``).
     """
     with locked(mopts):
         return _repair(mopts)
@@ -520,6 +538,9 @@ def write(mopts, changes):
     localfs_key: every new file is staged and made durable by one sync before any rename, then
     renamed into place and the id's other states removed (a crash leaves at most temp files and
     an id in two dirs, both handled by ``repair``). Other drivers go through the key cache.
+
+    mopts
+        The master's opts, as Salt loads them from its config dir (``master_opts``).
     """
     _check_ids(changes)
     with locked(mopts):
@@ -613,6 +634,9 @@ def apply_actions(mopts, checked):
 
     Returns ``{"done": [{"id", "op"}], "skipped": [{"id", "op", "reason"}], "repaired": [id],
     "rotated": bool}``.
+
+    mopts
+        The master's opts, as Salt loads them from its config dir (``master_opts``).
     """
     changes = [_change(action, pem) for action, pem in checked]
     _check_ids(changes)
@@ -675,6 +699,9 @@ def rotate_aes(mopts):
     """
     Ask the master to rotate its AES key (as ``salt-key -d`` does), so a removed minion stops
     decrypting publishes.
+
+    mopts
+        The master's opts, as Salt loads them from its config dir (``master_opts``).
     """
     salt.crypt.dropfile(mopts["cachedir"], mopts["user"], mopts["id"])
 
@@ -685,6 +712,12 @@ def rotate_aes(mopts):
 def master_key_files(mopts, signing=False):
     """
     The master_keys cache names of the pair ``sync_master_key`` manages on this master.
+
+    mopts
+        The master's opts, as Salt loads them from its config dir (``master_opts``).
+
+    signing
+        True for the signing pair (failover with signing), False for the master key pair.
     """
     if signing:
         base = mopts["master_sign_key_name"]
@@ -696,6 +729,12 @@ def master_key_files(mopts, signing=False):
 def read_master_key(mopts, signing=False, private=False):
     """
     The master's public (or private) key PEM as stored, or None.
+
+    mopts
+        The master's opts, as Salt loads them from its config dir (``master_opts``).
+
+    signing
+        True for the signing pair (failover with signing), False for the master key pair.
     """
     pem_name, pub_name = master_key_files(mopts, signing)
     cache = _cache(mopts)
@@ -733,6 +772,9 @@ def master_key_pair_problems(mopts, signing=False):
     What is wrong with this master's stored key pair (or signing pair), as sentences: no
     private key, or a ``.pub`` that is missing or not the public half of the ``.pem``. ``[]``
     when the pair is consistent.
+
+    mopts
+        The master's opts, as Salt loads them from its config dir (``master_opts``).
     """
     pem_name, pub_name = master_key_files(mopts, signing)
     problem = _pair_problem(
@@ -751,6 +793,12 @@ def install_master_key(mopts, pem, pub, signing=False):
     (see ``_install_files``), ``master.pem``/``master.pub`` kept as links to them. Other drivers:
     through the key cache, in the same order. Call it only with the master stopped: a running
     master keeps its private key in memory.
+
+    mopts
+        The master's opts, as Salt loads them from its config dir (``master_opts``).
+
+    signing
+        True for the signing pair (failover with signing), False for the master key pair.
     """
     pem_name, pub_name = master_key_files(mopts, signing)
     problem = _pair_problem(pem, pub, pem_name, pub_name)

@@ -82,6 +82,12 @@ def seal(body, purpose, recipient, recipient_pub_pem, signer_key_pem, bound):
     """
     Seal ``body`` (a JSON-serialisable dict) for ``recipient`` (a minion id) under ``purpose``
     and the binding ``bound`` (see ``bind``). Returns the envelope (a dict of strings).
+
+    recipient_pub_pem
+        The recipient control minion's public key (PEM), accepted on this master.
+
+    signer_key_pem
+        The sending master's private key (PEM).
     """
     pub = serialization.load_pem_public_key(recipient_pub_pem.encode())
     data_key = AESGCM.generate_key(bit_length=256)
@@ -103,6 +109,9 @@ def order(instruction, purpose, recipient, signer_key_pem, bound):
     """
     Sign the digest of ``instruction`` (which travels beside it, in clear) for ``recipient``
     under ``purpose`` and the binding ``bound``.
+
+    signer_key_pem
+        The sending master's private key (PEM).
     """
     document = {
         "v": VERSION,
@@ -158,6 +167,15 @@ def unseal(envelope, purpose, recipient, recipient_key_pem, signer_pub_pem, expe
     (e.g. ``{"target": ..., "config_dir": ...}``); ``challenges``: the recipient's
     ``ChallengeStore``, whose challenge the envelope consumes. Returns ``(body, bound)``; raises
     ``SealError`` naming what failed, never the content.
+
+    purpose
+        What the envelope must be for (``master_key``, ``roots`` ...).
+
+    recipient_key_pem
+        Our own private key (PEM).
+
+    signer_pub_pem
+        The public key (PEM) of the master we trust (``minion_master.pub``).
     """
     bound = _check(envelope, _SEALED, purpose, recipient, signer_pub_pem, expect, challenges)
     try:
@@ -177,6 +195,24 @@ def check_order(document, instruction, purpose, recipient, signer_pub_pem, expec
     """
     Verify a signed order made by ``order`` for ``instruction``; consumes its challenge.
     Returns the binding; raises ``SealError``.
+
+    document
+        The signed order.
+
+    purpose
+        What the order must be for.
+
+    recipient
+        Our own minion id.
+
+    signer_pub_pem
+        The public key (PEM) of the master we trust.
+
+    expect
+        Binding fields that must match.
+
+    challenges
+        Our ``ChallengeStore``.
     """
     if not isinstance(document, dict) or document.get("digest") != digest(instruction):
         raise SealError("the instruction does not match the signed order")

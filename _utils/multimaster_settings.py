@@ -249,6 +249,9 @@ def redacted(data, path=""):
     """
     A copy of ``data`` with what may be secret masked: every value under ``master:config``,
     keys named like secrets, and credentials in URLs.
+
+    path
+        Where ``data`` sits in the pillar (``master:config`` ...), to tell secret keys.
     """
     if isinstance(data, dict):
         return {
@@ -269,6 +272,9 @@ def redacted(data, path=""):
 def primary(settings):
     """
     The first master: the source of truth for key acceptance and for roots.
+
+    settings
+        The merged ``multimaster`` settings.
     """
     return settings["masters"][0]
 
@@ -276,6 +282,9 @@ def primary(settings):
 def find_master(settings, minion_id):
     """
     The master entry whose control minion is ``minion_id``, or None.
+
+    settings
+        The merged ``multimaster`` settings.
     """
     for master in settings["masters"]:
         if master["minion_id"] == minion_id:
@@ -288,6 +297,12 @@ def local_master(section, minion_id, default_config_dir):
     The master entry whose control minion is ``minion_id``, its ``config_dir`` resolved (the
     minion's own config dir when the entry names none), or None. Paths a peer acts on come from
     here, never from a caller's arguments.
+
+    section
+        The ``multimaster`` section (checked).
+
+    default_config_dir
+        The config dir used where an entry names none (a path).
     """
     master = find_master(section, minion_id)
     if master is None:
@@ -298,6 +313,9 @@ def local_master(section, minion_id, default_config_dir):
 def runner_section(settings):
     """
     What the masters keep under ``multimaster:`` in their own config for the runners to read.
+
+    settings
+        The merged ``multimaster`` settings.
     """
     keys = ["mode", "ports", "masters", "manage_services", "max_revoke_share"]
     if settings["mode"] == "failover":
@@ -360,6 +378,9 @@ def master_config(settings, master):
 def minion_config(settings):
     """
     The ``minion.d`` options that make a minion hot, failover or cluster-balanced.
+
+    settings
+        The merged ``multimaster`` settings.
     """
     mode = settings["mode"]
     minion = settings["minion"]
