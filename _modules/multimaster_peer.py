@@ -455,8 +455,9 @@ def verify_master_key(host, port, pub, sign_pub=None, timeout=30):
 def master_report(signing=False, ping_timeout=5):
     """
     What ``salt-run multimaster.status`` needs from this host in one call: the key inventory
-    digests, the stored master key (or signing key), problems of the key store, and the minions
-    that answer ``test.ping`` from this master.
+    digests, the stored master key (or signing key), problems of the key store, the digest of
+    each root this master serves from disk, the commits it serves per git remote, and the
+    minions that answer ``test.ping`` from this master.
 
     signing
         Report the signing key instead of the master key.
@@ -478,6 +479,9 @@ def master_report(signing=False, ping_timeout=5):
     }
     for part in ("keys", "master_key"):
         report[part].pop("binding")
+    _, mopts = _mopts()
+    report["roots"] = _manifests(mopts, multimaster_roots.synced_kinds(mopts)[0])[0]
+    report["git"] = multimaster_roots.served_commits(mopts)
     report["alive"] = report["keys"]["alive"]
     if report["alive"]:
         report["answering"] = ping_minions(timeout=ping_timeout)
@@ -528,6 +532,34 @@ def _roots_of(mopts, kind):
     return {env: [str(path) for path in paths] for env, paths in roots.items()}
 
 
+def _manifests(mopts, kinds):
+    """
+    ``(roots, files)`` of this master's ``kinds``: per kind, env and position the root's path,
+    digest, file count and skipped entries; and the file manifests in the same shape.
+    """
+    found = multimaster_roots.manifests(mopts, kinds)
+    roots = {
+        kind: {
+            env: [
+                {
+                    "path": r["path"],
+                    "digest": r["digest"],
+                    "count": len(r["files"]),
+                    "skipped": dict(list(r["skipped"].items())[:SAMPLE]),
+                }
+                for r in rs
+            ]
+            for env, rs in envs.items()
+        }
+        for kind, envs in found.items()
+    }
+    files = {
+        kind: {env: [r["files"] for r in rs] for env, rs in envs.items()}
+        for kind, envs in found.items()
+    }
+    return roots, files
+
+
 def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None):
     """
     The roots of this host's master (``file_roots``/``pillar_roots`` of its own config): per
@@ -552,23 +584,7 @@ def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None):
         salt-run multimaster.sync_roots test=True   # the runner calls this
     """
     master, mopts = _mopts()
-    kinds = [kind for kind in kinds if kind in ROOT_KINDS]
-    roots, files = {}, {}
-    for kind in kinds:
-        roots[kind], files[kind] = {}, {}
-        for env, paths in _roots_of(mopts, kind).items():
-            roots[kind][env], files[kind][env] = [], []
-            for path in paths:
-                found, skipped = multimaster_roots.manifest(path)
-                roots[kind][env].append(
-                    {
-                        "path": path,
-                        "digest": multimaster_roots.digest(found),
-                        "count": len(found),
-                        "skipped": dict(list(skipped.items())[:SAMPLE]),
-                    }
-                )
-                files[kind][env].append(found)
+    roots, files = _manifests(mopts, [kind for kind in kinds if kind in ROOT_KINDS])
     ret = {"roots": roots, "binding": _binding(master)}
     if full:
         ret["sealed"] = multimaster_seal.seal(

@@ -15,6 +15,7 @@ carries a ticket. Work is applied master by master in the order of
 change nothing) and returns ``retcode: 1`` on any failure.
 """
 
+import concurrent.futures
 import logging
 import os
 import time
@@ -735,30 +736,8 @@ class _Nonce:
         self.value = None
 
 
-def _local_roots(kinds):
-    """
-    This master's roots of ``kinds`` with their manifests, and notes on what is not synced.
-    """
-    local, notes = {}, []
-    backends = __opts__.get("fileserver_backend") or ["roots"]
-    for kind in kinds:
-        if kind == "file_roots" and "roots" not in backends:
-            notes.append(f"file_roots: masters serve files from {backends}: nothing to sync")
-            continue
-        local[kind] = {}
-        for env, paths in (__opts__.get(kind) or {}).items():
-            local[kind][env] = []
-            for path in paths:
-                files, skipped = multimaster_roots.manifest(str(path))
-                local[kind][env].append(
-                    {
-                        "path": str(path),
-                        "files": files,
-                        "skipped": skipped,
-                        "digest": multimaster_roots.digest(files),
-                    }
-                )
-    return local, notes
+# What ``multimaster_roots.manifests`` reads of a master's opts.
+_ROOTS_OPTS = ("file_roots", "pillar_roots", "file_ignore_regex", "file_ignore_glob")
 
 
 def _layout(roots):
@@ -801,16 +780,42 @@ def _check_layouts(section, local, summary):
                 )
 
 
+def _mapping_of(value, what, check):
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ValueError(f"{what} is not a mapping")
+    for item in value.values():
+        check(item)
+
+
 def _roots_check(answer):
-    roots = answer.get("roots")
-    if not isinstance(roots, dict):
-        raise ValueError("no roots")
-    for envs in roots.values():
-        for rs in envs.values():
-            for r in rs:
-                if not isinstance(r.get("path"), str) or not isinstance(r.get("digest"), str):
-                    raise ValueError("malformed root")
+    """
+    A peer's ``roots``: ``{kind: {env: [{"path": str, "digest": str, ...}]}}``, or ValueError.
+    """
+
+    def root_list(rs):
+        if not isinstance(rs, list) or not all(
+            isinstance(r, dict)
+            and isinstance(r.get("path"), str)
+            and isinstance(r.get("digest"), str)
+            for r in rs
+        ):
+            raise ValueError("malformed root")
+
+    _mapping_of(answer.get("roots"), "roots", lambda envs: _mapping_of(envs, "roots", root_list))
     return answer
+
+
+def _git_check(git):
+    """
+    A peer's served commits: ``{role: {remote: {branch: 40-hex sha}}}``, or ValueError.
+    """
+
+    def branches(refs):
+        _mapping_of(refs, "git branches", lambda sha: None)
+        if not all(isinstance(sha, str) and len(sha) == 40 for sha in refs.values()):
+            raise ValueError("a served commit is not a sha")
+
+    _mapping_of(git, "git", lambda remotes: _mapping_of(remotes, "git remotes", branches))
 
 
 def _opened_manifest(section, master, answer, nonce):
@@ -932,15 +937,22 @@ def sync_roots(roots="both", test=False, timeout=300):
         if roots not in _ROOT_CHOICES:
             raise Refused(f"roots={roots!r}: expected one of file, pillar, both")
         section = _section()
-        local, notes = _local_roots(_ROOT_CHOICES[roots])
-        summary, errors = _call(
-            section,
-            _ids(section),
-            "roots_manifest",
-            {"kinds": list(local), "full": False},
-            timeout,
-            _roots_check,
-        )
+        kinds, notes = multimaster_roots.synced_kinds(__opts__, _ROOT_CHOICES[roots])
+        if not kinds:
+            return _finish({"masters": {}, "comment": "; ".join(notes)}, False)
+        # This master hashes its own roots while the peers hash theirs.
+        opts = {key: __opts__.get(key) for key in _ROOTS_OPTS}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            local_manifests = pool.submit(multimaster_roots.manifests, opts, kinds)
+            summary, errors = _call(
+                section,
+                _ids(section),
+                "roots_manifest",
+                {"kinds": kinds, "full": False},
+                timeout,
+                _roots_check,
+            )
+            local = local_manifests.result()
         _check_layouts(section, local, summary)
     except SaltInvocationError as exc:
         return _refused(exc)
@@ -991,6 +1003,7 @@ def _sync_one_root_set(section, master, local, answer, nonce, test, timeout):
         return {"result": False, "error": errors[master], "planned": report}
     applied = done[master]
     failed = applied.get("failed") or []
+    _progress(f"{master}: {applied.get('bytes')} bytes moved, {len(failed)} failed")
     return {
         "result": not failed,
         "changes": report,
@@ -1008,7 +1021,106 @@ def _report_check(answer):
     answer["master_key"]["fp"] = multimaster_keys.fingerprint(pub) if pub else None
     if not isinstance(answer.get("answering"), list):
         raise ValueError("answering is not a list")
-    return answer
+    _git_check(answer.get("git"))
+    return _roots_check(answer)
+
+
+def _root_digests(report):
+    """
+    ``{(kind, env, position): (path, digest)}`` of one master's report.
+    """
+    return {
+        (kind, env, index): (root["path"], root["digest"])
+        for kind, envs in report["roots"].items()
+        for env, rs in envs.items()
+        for index, root in enumerate(rs)
+    }
+
+
+def _roots_status(section, reports, timeout):
+    """
+    ``(part, equal)``: each root's digest per master (the roots a master serves from disk,
+    paired by kind, environment and position) and, where they differ, which paths differ from
+    the first reachable master in order (the primary when it answers); the commits every master
+    serves per git remote.
+    """
+    reachable = [m for m in _ids(section) if m in reports]
+    digests = {m: _root_digests(reports[m]) for m in reachable}
+    slots = sorted(set().union(*(d.keys() for d in digests.values())), key=str)
+    part = {"roots": {}}
+    differing = []
+    for slot in slots:
+        seen = {m: digests[m].get(slot) for m in reachable}
+        kind, env, index = slot
+        part["roots"].setdefault(kind, {}).setdefault(env, {})[index] = {
+            m: (f"{v[1][:16]} {v[0]}" if v else None) for m, v in seen.items()
+        }
+        if len({v[1] if v else None for v in seen.values()}) > 1:
+            differing.append(slot)
+    part["roots_equal"] = not differing
+    if differing:
+        part["roots_differ"] = _roots_paths_differ(section, reachable, differing, timeout)
+    served = {m: reports[m]["git"] for m in reachable}
+    remotes = {(role, url) for git in served.values() for role, rs in git.items() for url in rs}
+    equal = True
+    if remotes:
+        part["git"] = {}
+        for role, url in sorted(remotes):
+            commits = {m: served[m].get(role, {}).get(url) for m in reachable}
+            same = len({salt.utils.json.dumps(c, sort_keys=True) for c in commits.values()}) == 1
+            equal = equal and same
+            part["git"][f"{role} {url}"] = (
+                "same commits"
+                if same
+                else {
+                    m: ({b: sha[:12] for b, sha in c.items()} if c else None)
+                    for m, c in commits.items()
+                }
+            )
+        part["git_equal"] = equal
+    return part, not differing and equal
+
+
+def _roots_paths_differ(section, reachable, slots, timeout):
+    """
+    Per differing root, per master: the paths missing, changed, re-moded or extra compared with
+    the first reachable master (manifests sealed to this master, as ``sync_roots`` reads them).
+    """
+    nonce = os.urandom(32).hex()
+    kinds = sorted({kind for kind, _, _ in slots})
+    answers, errors = _call(
+        section,
+        reachable,
+        "roots_manifest",
+        {"kinds": kinds, "full": True, "nonce": nonce},
+        timeout,
+        _roots_check,
+    )
+    opened = {}
+    for master, answer in answers.items():
+        try:
+            opened[master] = _opened_manifest(section, master, answer, nonce)
+        except (SaltInvocationError, multimaster_seal.SealError, KeyError) as exc:
+            errors[master] = f"manifest of {master}: {exc}"
+    reference = reachable[0]
+    out = {}
+    for kind, env, index in slots:
+        name = f"{kind} {env} {index}"
+        out[name] = {}
+        for master in reachable[1:]:
+            if master in errors or reference in errors:
+                out[name][master] = errors.get(master) or errors[reference]
+                continue
+            try:
+                source = opened[reference][kind][env][index]
+                target = opened[master][kind][env][index]
+            except (KeyError, IndexError):
+                out[name][master] = f"{master} has no such root"
+                continue
+            diff = multimaster_roots.plan(source, target)
+            named = {"missing": "add", "changed": "change", "mode": "mode", "extra": "delete"}
+            out[name][master] = {k: diff[v][:SHOWN] for k, v in named.items() if diff[v]}
+    return out
 
 
 def _keys_differ(section, timeout):
@@ -1026,8 +1138,9 @@ def status(masters=None, timeout=30, ping_timeout=5, test=False):
     """
     One report: which masters answer, whether they store and serve the same master key, whether
     their minion-key sets are equal (digests, and the differing ids), problems of their key
-    stores, and which masters each minion answers. Read-only: ``test=True`` (accepted like every
-    runner here) changes nothing either.
+    stores, whether their roots are equal (a digest per master per root, and the differing
+    paths), which commits they serve per git remote, and which masters each minion answers.
+    Read-only: ``test=True`` (accepted like every runner here) changes nothing either.
 
     masters
         Override the master list of this master's config.
@@ -1089,6 +1202,8 @@ def status(masters=None, timeout=30, ping_timeout=5, test=False):
         for minion_id in reports.get(master, {}).get("answering", []):
             matrix.setdefault(minion_id, {m: False for m in order})[master] = True
     ret["minions"] = dict(sorted(matrix.items()))
-    failed = bool(errors) or not ret["keys_equal"] or len(fps) != 1
+    roots, roots_equal = _roots_status(section, reports, timeout) if reachable else ({}, True)
+    ret.update(roots)
+    failed = bool(errors) or not ret["keys_equal"] or len(fps) != 1 or not roots_equal
     failed = failed or ret.get("signing_public_key_matches") is False
     return _finish(ret, failed)

@@ -13,9 +13,11 @@ remove the directories they leave empty, never the root itself.
 
 import contextlib
 import fcntl
+import fnmatch
 import hashlib
 import json
 import os
+import re
 import stat
 
 VCS_DIRS = frozenset((".git", ".hg", ".svn", ".bzr", "CVS"))
@@ -92,7 +94,25 @@ def sha256_file(path):
     return digest.hexdigest()
 
 
-def manifest(root):
+def ignored_by(opts):
+    """
+    A predicate on relative paths: True for those the master's file server never serves
+    (``file_ignore_regex``/``file_ignore_glob``, matched as Salt's ``roots`` backend matches
+    them). ``sync_roots`` neither copies nor deletes them.
+
+    opts
+        The master's opts.
+    """
+    regexes = [re.compile(r) for r in opts.get("file_ignore_regex") or []]
+    globs = list(opts.get("file_ignore_glob") or [])
+    if not regexes and not globs:
+        return None
+    return lambda rel: (
+        any(r.search(rel) for r in regexes) or any(fnmatch.fnmatch(rel, g) for g in globs)
+    )
+
+
+def manifest(root, ignored=None):
     """
     ``(files, skipped)`` of the tree at ``root``: ``files`` maps relative paths to
     ``{"size", "mode", "sha256"}``; ``skipped`` maps relative paths to the reason (symlink,
@@ -100,6 +120,9 @@ def manifest(root):
 
     root
         The root directory (a ``file_roots``/``pillar_roots`` path).
+
+    ignored
+        A predicate (from ``ignored_by``): files it matches are left out, not reported.
     """
     files, skipped = {}, {}
     if not os.path.isdir(root):
@@ -111,6 +134,8 @@ def manifest(root):
             for entry in entries:
                 rel = f"{prefix}{entry.name}"
                 reason = _unsafe_name(entry.name)
+                if ignored and not entry.is_dir(follow_symlinks=False) and ignored(rel):
+                    continue
                 if reason:
                     skipped[rel] = reason
                 elif entry.is_symlink():
@@ -128,6 +153,32 @@ def manifest(root):
                 else:
                     skipped[rel] = "not a regular file"
     return files, skipped
+
+
+def manifests(opts, kinds):
+    """
+    ``{kind: {env: [{"path", "files", "skipped", "digest"}, ...]}}``: the manifest of each root
+    of the master whose ``opts`` are given, per kind (``file_roots``/``pillar_roots``), per
+    environment, in position order. ``file_roots`` leave out what the file server ignores.
+
+    opts
+        The master's opts (its own config: roots never come from an argument).
+
+    kinds
+        Which roots.
+    """
+    out = {}
+    for kind in kinds:
+        out[kind] = {}
+        ignored = ignored_by(opts) if kind == "file_roots" else None
+        for env, paths in (opts.get(kind) or {}).items():
+            out[kind][env] = []
+            for path in paths:
+                files, skipped = manifest(str(path), ignored)
+                out[kind][env].append(
+                    {"path": str(path), "files": files, "skipped": skipped, "digest": digest(files)}
+                )
+    return out
 
 
 def digest(files):
@@ -168,6 +219,98 @@ def plan(source, target):
     )
     delete = sorted(path for path in target if path not in source)
     return {"add": add, "change": change, "mode": mode, "delete": delete}
+
+
+ROOT_KINDS = ("file_roots", "pillar_roots")
+_ROOTS_BACKENDS = frozenset(("roots", "rootsfs"))
+_GIT_ROLES = ("gitfs", "git_pillar")
+
+
+def synced_kinds(opts, kinds=ROOT_KINDS):
+    """
+    ``(kinds, notes)``: which of ``kinds`` this master serves from its roots directories, and
+    a note for each one served from git instead (there is nothing to copy then: every master
+    fetches the same remotes, and ``status`` compares the commits they serve).
+
+    opts
+        The master's opts.
+
+    kinds
+        ``file_roots`` and/or ``pillar_roots``.
+    """
+    synced, notes = [], []
+    backends = opts.get("fileserver_backend") or ["roots"]
+    git_pillar = any(isinstance(e, dict) and "git" in e for e in opts.get("ext_pillar") or [])
+    for kind in kinds:
+        if kind == "file_roots" and not _ROOTS_BACKENDS.intersection(backends):
+            notes.append(f"file_roots: masters serve files from {list(backends)}: nothing to sync")
+        elif kind == "pillar_roots" and git_pillar:
+            notes.append("pillar_roots: masters take pillar from git_pillar: nothing to sync")
+        else:
+            synced.append(kind)
+    return synced, notes
+
+
+def _read_ref(git_dir, ref):
+    try:
+        with open(os.path.join(git_dir, ref), encoding="ascii") as handle:
+            return handle.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _remote_branches(git_dir):
+    """
+    ``{branch: sha}`` of the remote-tracking refs of ``origin`` in ``git_dir`` (loose refs win
+    over ``packed-refs``, as git reads them).
+    """
+    prefix = "refs/remotes/origin/"
+    refs = {}
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        with open(os.path.join(git_dir, "packed-refs"), encoding="ascii") as handle:
+            for line in handle:
+                sha, _, name = line.strip().partition(" ")
+                if name.startswith(prefix) and len(sha) == 40:
+                    refs[name[len(prefix) :]] = sha
+    loose = os.path.join(git_dir, prefix)
+    for directory, _dirs, names in os.walk(loose):
+        for name in names:
+            branch = os.path.relpath(os.path.join(directory, name), loose)
+            sha = _read_ref(git_dir, prefix + branch)
+            if sha and len(sha) == 40:
+                refs[branch] = sha
+    refs.pop("HEAD", None)
+    return dict(sorted(refs.items()))
+
+
+def served_commits(opts):
+    """
+    ``{role: {remote: {branch: sha}}}``: the commits this master's gitfs and git_pillar
+    checkouts hold for each remote (read from ``remote_map.txt`` and the refs in its cachedir;
+    no git library needed). Empty when the master serves nothing from git.
+
+    opts
+        The master's opts.
+    """
+    served = {}
+    for role in _GIT_ROLES:
+        cache_root = os.path.join(opts["cachedir"], role)
+        try:
+            with open(os.path.join(cache_root, "remote_map.txt"), encoding="utf-8") as handle:
+                lines = [line.strip() for line in handle if not line.startswith("#")]
+        except OSError:
+            continue
+        for line in lines:
+            basehash, sep, remote = line.partition(" = ")
+            if not sep or _unsafe_name(basehash):
+                continue
+            branches = {}
+            with contextlib.suppress(OSError):
+                for checkout in sorted(os.listdir(os.path.join(cache_root, basehash))):
+                    git_dir = os.path.join(cache_root, basehash, checkout, ".git")
+                    branches.update(_remote_branches(git_dir))
+            served.setdefault(role, {})[remote] = branches
+    return served
 
 
 def _open_dir(root, parts, create):

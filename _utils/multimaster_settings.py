@@ -76,6 +76,17 @@ def _check_id(value, key):
         raise SettingsError(str(exc)) from None
 
 
+ROOTS_KEYS = ("file_roots", "pillar_roots")
+
+
+def _check_roots(roots, where):
+    if not isinstance(roots, dict) or not all(
+        isinstance(paths, list) and all(isinstance(p, str) and os.path.isabs(p) for p in paths)
+        for paths in roots.values()
+    ):
+        _fail(where, roots, "a mapping of environment to a list of absolute paths")
+
+
 def _check_master(index, master, seen):
     where = f"masters[{index}]"
     if not isinstance(master, dict):
@@ -96,6 +107,9 @@ def _check_master(index, master, seen):
             "the control minion's key fingerprint as salt-run multimaster.status shows it "
             "(SHA-256, 32 lower-case hex pairs joined by ':')",
         )
+    for key in ROOTS_KEYS:
+        if key in master:
+            _check_roots(master[key], f"{where}:{key}")
     if "interface" in master and not isinstance(master["interface"], str):
         _fail(f"{where}:interface", master["interface"], "an IP address to bind")
     for key, value in (
@@ -200,13 +214,8 @@ def _validate_merged(settings):
             used.add(minion[key])
 
     master = settings["master"]
-    for key in ("file_roots", "pillar_roots"):
-        roots = master.get(key)
-        if not isinstance(roots, dict) or not all(
-            isinstance(paths, list) and all(isinstance(p, str) and os.path.isabs(p) for p in paths)
-            for paths in roots.values()
-        ):
-            _fail(f"master:{key}", roots, "a mapping of environment to a list of absolute paths")
+    for key in ROOTS_KEYS:
+        _check_roots(master.get(key), f"master:{key}")
     for key in ("acl", "config"):
         if not isinstance(master.get(key), dict):
             _fail(f"master:{key}", master.get(key), "a mapping of master options")
@@ -357,8 +366,8 @@ def master_config(settings, master):
         "interface": master.get("interface", section["interface"]),
         "publish_port": settings["ports"]["publish"],
         "ret_port": settings["ports"]["ret"],
-        "file_roots": section["file_roots"],
-        "pillar_roots": section["pillar_roots"],
+        # A master's own roots (masters sharing a host need different paths) win.
+        **{key: master.get(key, section[key]) for key in ROOTS_KEYS},
         ROOT: runner_section(settings),
     }
     # Identical on every master: masters with different ACLs each hold independent control.

@@ -395,12 +395,26 @@ def minion_options(name):
     return options
 
 
+def own_roots(name):
+    """
+    master2's own (initially empty) roots: ``sync_roots`` fills them from master1's; master1
+    serves the checkout and the lab pillar (``master:`` below).
+    """
+    if name == "master1":
+        return {}
+    srv = master(name).dir / "srv"
+    return {
+        "file_roots": {"base": [str(srv / "salt")]},
+        "pillar_roots": {"base": [str(srv / "pillar")]},
+    }
+
+
 def multimaster_pillar():
     """The ``multimaster`` pillar every minion gets (hot mode, both masters, lab paths)."""
     roots = roots_options()
     return devkit.multimaster_section(
         [
-            devkit.master_entry(name, ip, master(name).dir, interface=ip)
+            devkit.master_entry(name, ip, master(name).dir, interface=ip, **own_roots(name))
             for name, ip in MASTERS.items()
         ],
         PORTS,
@@ -504,12 +518,36 @@ def status_lines(title, status):
         )
     lines.append(
         f"  same master key: {status.get('same_master_key')}   "
-        f"minion keys equal: {status.get('keys_equal')}   retcode: {status.get('retcode')}"
+        f"minion keys equal: {status.get('keys_equal')}   "
+        f"roots equal: {status.get('roots_equal')}   retcode: {status.get('retcode')}"
     )
     for minion_id, seen in status.get("minions", {}).items():
         answered = ", ".join(m for m, ok in seen.items() if ok) or "none"
         lines.append(f"  {minion_id:<8} answers: {answered}")
     return lines
+
+
+def sync_roots(report):
+    """
+    ``sync_roots``: master2's own roots (empty so far) become master1's - the formula and the
+    lab pillar - and master2's file server lists the formula at once.
+    """
+    synced = salt_run("multimaster.sync_roots").get("masters", {}).get("master2", {})
+    changes = synced.get("changes", {})
+    counts = changes.get("counts", {})
+    line = (
+        f"sync_roots -> master2: {counts.get('added', 0)} files added, "
+        f"{counts.get('changed', 0)} changed, {counts.get('deleted', 0)} deleted, "
+        f"{changes.get('bytes', 0)} bytes moved into master2's own roots under "
+        f"{master('master2').dir.relative_to(REPO) / 'srv'}"
+    )
+    listed = run(
+        "salt-run", master("master2").dir, "fileserver.file_list", timeout=60, out="json"
+    ).data
+    if not counts.get("added") or "multimaster/minion/init.sls" not in (listed or []):
+        raise LabError(f"sync_roots did not give master2 the formula: {synced}")
+    report.notes.extend([line, ""])
+    print(line, flush=True)
 
 
 def show_status(report, title):
@@ -718,6 +756,8 @@ def build(report):
             raise LabError(f"sync_master_key did not make master2 serve the shared key: {synced}")
     with report.step("salt-run multimaster.sync_keys"):
         salt_run("multimaster.sync_keys")
+    with report.step("salt-run multimaster.sync_roots (master2's own roots)"):
+        sync_roots(report)
     with report.step("state.apply multimaster.minion on all (they restart)"):
         configure_minions()
     with report.step("wait for the minions on both masters"):

@@ -32,6 +32,17 @@ MASTER_HOSTS = ("127.0.0.2", "127.0.0.3")
 START_TIMEOUT = 90
 # Keep the repo's own tooling out of the file server: only the formula is meant to be served.
 FILE_IGNORE_REGEX = [r"^\.venv(/|$)", r"^\.git(/|$)", r"(^|/)__pycache__(/|$)", r"^lab/run(/|$)"]
+# What a user puts on file_roots: the formula, not the whole checkout.
+FORMULA_PARTS = ("multimaster", "_modules", "_runners", "_states", "_utils")
+
+
+def copy_formula(dest):
+    """
+    Copy the formula's parts into ``dest`` (a ``file_roots`` dir of its own) and return it.
+    """
+    for part in FORMULA_PARTS:
+        shutil.copytree(REPO_ROOT / part, dest / part, dirs_exist_ok=True)
+    return dest
 
 
 def master_overrides(host, ports, pillar_dir, serve_repo=True, **extra):

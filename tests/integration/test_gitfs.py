@@ -18,6 +18,7 @@ from .harness import (
     REPO_ROOT,
     Ports,
     assert_states_ok,
+    devkit,
     master_entry,
     master_overrides,
     multimaster_pillar,
@@ -104,6 +105,13 @@ def master1_factory(salt_factories, ports, pillar_tree, key_acceptor, bare_repo)
     conf_d = pathlib.Path(factory.config_dir) / "master.d"
     conf_d.mkdir(exist_ok=True)
     (conf_d / "fileserver.conf").write_text(yaml.safe_dump({"fileserver_backend": ["gitfs"]}))
+    # What multimaster.master renders for the runners: this master alone, MINION its control.
+    section = multimaster_pillar([master_entry(factory, MASTER_HOSTS[0], minion_id=MINION)], ports)[
+        "multimaster"
+    ]
+    (conf_d / "multimaster.conf").write_text(
+        yaml.safe_dump(devkit.multimaster_master_options(section))
+    )
     return factory
 
 
@@ -111,7 +119,11 @@ def master1_factory(salt_factories, ports, pillar_tree, key_acceptor, bare_repo)
 def minion(master1, start_minion, pillar_tree, ports):
     pillar_tree.set(
         MINION,
-        multimaster_pillar([master_entry(master1, MASTER_HOSTS[0])], ports, manage_services=False),
+        multimaster_pillar(
+            [master_entry(master1, MASTER_HOSTS[0], minion_id=MINION)],
+            ports,
+            manage_services=False,
+        ),
     )
     return start_minion(master1, MINION)
 
@@ -162,3 +174,41 @@ def test_minion_state_applies_from_gitfs(master1, minion, synced):
     assert_states_ok(ret)
     conf = pathlib.Path(minion.config_dir) / "minion.d" / "multimaster.conf"
     assert yaml.safe_load(conf.read_text())["master"] == [MASTER_HOSTS[0]]
+
+
+def test_roots_from_git_are_not_copied_and_status_shows_the_served_commit(
+    master1, minion, synced, bare_repo
+):
+    """
+    With gitfs the only file server, ``sync_roots roots=file`` has nothing to copy and says so;
+    ``status`` reports the commit master1 serves for the remote, and follows it when the remote
+    moves and the master fetches.
+    """
+    ret = master1.salt_run_cli(timeout=120).run("multimaster.sync_roots", "roots=file")
+    assert ret.returncode == 0, ret
+    assert "file_roots: masters serve files from ['gitfs']: nothing to sync" in ret.data["comment"]
+
+    def served():
+        ret = master1.salt_cli(timeout=60).run("multimaster_peer.master_report", minion_tgt=MINION)
+        assert ret.returncode == 0, ret
+        return ret.data["git"]["gitfs"][bare_repo.as_uri()]
+
+    def head():
+        out = subprocess.run(
+            ["git", "rev-parse", "master"], cwd=bare_repo, check=True, capture_output=True
+        )
+        return out.stdout.decode().strip()
+
+    assert served() == {"master": head()}
+    ret = master1.salt_run_cli(timeout=120).run("multimaster.status")
+    assert ret.data["git_equal"] is True, ret
+    assert ret.data["git"] == {f"gitfs {bare_repo.as_uri()}": "same commits"}, ret
+
+    work = bare_repo.parent / "work"
+    (work / "multimaster" / "moved.sls").write_text("moved: {}\n")
+    git("add", "-A", cwd=work)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "moved", cwd=work)
+    git("push", "-q", str(bare_repo), "HEAD:master", cwd=work)
+    ret = master1.salt_run_cli(timeout=120).run("fileserver.update")
+    assert ret.returncode == 0, ret
+    assert served() == {"master": head()}

@@ -24,6 +24,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 
 import psutil
 import yaml
@@ -74,6 +75,35 @@ __all__ = [
 
 
 # --- daemons ---------------------------------------------------------------------------------
+
+
+class Poller:
+    """
+    While active (a context manager), calls ``poll()`` every ``interval`` seconds in a thread,
+    and once more on exit: for what must be watched while something else runs.
+    """
+
+    def __init__(self, interval):
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def poll(self):
+        raise NotImplementedError
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.poll()
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self._stop.set()
+        self._thread.join()
+        self.poll()
 
 
 def wait_until(what, check, timeout, interval=1.0, error=AssertionError):

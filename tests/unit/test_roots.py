@@ -5,6 +5,7 @@ the root whatever names or symlinks an attacker arranged.
 
 import os
 import stat
+import subprocess
 
 import pytest
 
@@ -159,3 +160,95 @@ def test_content_that_does_not_match_its_manifest_is_not_renamed_into_place(tmp_
     with pytest.raises(roots.RootsError, match="changed during the sync"):
         roots.write_file(tmp_path, "f", [b"new\n"], 0o644, expect_sha256="0" * 64)
     assert os.listdir(tmp_path) == ["f"] and (tmp_path / "f").read_text() == "old\n"
+
+
+# --- what is synced, what is served from git ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("opts", "kinds", "noted"),
+    [
+        ({}, ["file_roots", "pillar_roots"], []),
+        ({"fileserver_backend": ["rootsfs", "gitfs"]}, ["file_roots", "pillar_roots"], []),
+        ({"fileserver_backend": ["gitfs"]}, ["pillar_roots"], ["file_roots"]),
+        ({"ext_pillar": [{"git": ["main https://x/p.git"]}]}, ["file_roots"], ["pillar_roots"]),
+        ({"ext_pillar": [{"cmd_yaml": "cat /x"}]}, ["file_roots", "pillar_roots"], []),
+    ],
+)
+def test_roots_served_from_git_are_not_synced(opts, kinds, noted):
+    synced, notes = roots.synced_kinds(opts)
+    assert synced == kinds
+    assert [note.split(":")[0] for note in notes] == noted
+    assert all("nothing to sync" in note for note in notes)
+
+
+def git(*args, cwd):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def test_served_commits_read_loose_and_packed_refs(tmp_path):
+    """
+    The commits a master's gitfs checkout holds per remote, as gitfs lays out its cache:
+    ``remote_map.txt`` names each remote's hash directory; refs may be loose or packed.
+    """
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    git("init", "-q", "-b", "main", cwd=origin)
+    (origin / "top.sls").write_text("base: {}\n")
+    git("add", ".", cwd=origin)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one", cwd=origin)
+    git("branch", "prod", cwd=origin)
+    cache = tmp_path / "cache"
+    checkout = cache / "gitfs" / "AbC+=" / "_"
+    git("clone", "-q", str(origin), str(checkout), cwd=tmp_path)
+    (cache / "gitfs" / "remote_map.txt").write_text(
+        f"# gitfs_remote map as of now\nAbC+= = file://{origin}\n../evil = file:///x\n"
+    )
+
+    def rev(name):
+        out = subprocess.run(
+            ["git", "rev-parse", name], cwd=checkout, check=True, capture_output=True, text=True
+        )
+        return out.stdout.strip()
+
+    first = rev("origin/main")
+    served = roots.served_commits({"cachedir": str(cache)})  # a fresh clone: packed refs
+    assert served == {"gitfs": {f"file://{origin}": {"main": first, "prod": first}}}
+
+    (origin / "top.sls").write_text("base: {'*': [web]}\n")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "two", cwd=origin)
+    git("fetch", "-q", "origin", cwd=checkout)  # a fetch writes the moved ref loose
+    assert (checkout / ".git" / "refs" / "remotes" / "origin" / "main").exists()
+    second = rev("origin/main")
+    assert second != first
+    served = roots.served_commits({"cachedir": str(cache)})
+    assert served == {"gitfs": {f"file://{origin}": {"main": second, "prod": first}}}
+    assert roots.served_commits({"cachedir": str(tmp_path / "none")}) == {}
+
+
+def test_what_the_file_server_ignores_is_neither_listed_nor_reported(tmp_path):
+    """
+    ``file_ignore_regex``/``file_ignore_glob`` (matched on relative paths, as Salt's roots
+    backend does): ignored files are not in the manifest of ``file_roots`` (so never copied,
+    never deleted on a peer) and not reported as skipped either; ``pillar_roots`` ignore them.
+    """
+    root = tmp_path / "srv"
+    (root / ".venv" / "bin").mkdir(parents=True)
+    (root / ".venv" / "bin" / "python").symlink_to("/usr/bin/python3")
+    (root / ".venv" / "lib.py").write_text("x\n")
+    (root / "web").mkdir()
+    (root / "web" / "init.sls").write_text("web: {}\n")
+    (root / "web" / "init.pyc").write_bytes(b"\0")
+    opts = {
+        "file_roots": {"base": [str(root)]},
+        "pillar_roots": {"base": [str(root)]},
+        "file_ignore_regex": [r"^\.venv(/|$)"],
+        "file_ignore_glob": ["*.pyc"],
+    }
+    found = roots.manifests(opts, ["file_roots", "pillar_roots"])
+    served = found["file_roots"]["base"][0]
+    assert set(served["files"]) == {"web/init.sls"} and served["skipped"] == {}
+    pillar = found["pillar_roots"]["base"][0]
+    assert set(pillar["files"]) == {"web/init.sls", "web/init.pyc", ".venv/lib.py"}
+    assert pillar["skipped"] == {".venv/bin/python": "symlink (never followed)"}
+    assert roots.ignored_by({}) is None

@@ -107,3 +107,74 @@ def test_sync_master_key_refuses_recipients_from_arguments(runner, use):
     ret = runner.sync_master_key(masters=[{"id": "m1", "host": "h", "minion_id": "evil"}])
     assert ret["retcode"] == 1 and "masters= is not accepted" in ret["comment"]
     assert client.calls == []
+
+
+def report(roots, git=None):
+    """
+    A well-formed ``master_report`` answer with the given roots and served commits.
+    """
+    return {
+        "keys": {k: v for k, v in GOOD_DIGESTS.items() if k != "binding"},
+        "master_key": {"pub": None},
+        "answering": [],
+        "roots": roots,
+        "git": git or {},
+    }
+
+
+def one_root(digest):
+    return {"file_roots": {"base": [{"path": "/srv/salt", "digest": digest, "count": 1}]}}
+
+
+def test_status_reports_each_root_digest_per_master(runner, use):
+    use({"cm1": report(one_root("a" * 64)), "cm2": report(one_root("a" * 64))})
+    ret = runner.status()
+    assert ret["roots_equal"] is True and "roots_differ" not in ret, ret
+    assert ret["roots"]["file_roots"]["base"][0] == {
+        "m1": "aaaaaaaaaaaaaaaa /srv/salt",
+        "m2": "aaaaaaaaaaaaaaaa /srv/salt",
+    }
+
+
+def test_status_differing_roots_fail_and_name_the_root(runner, use):
+    """
+    Digests differ: retcode 1 and the root is named; the path comparison needs sealed manifests,
+    which these canned answers lack, so each master gets an error there rather than a guess.
+    """
+    use({"cm1": report(one_root("a" * 64)), "cm2": report(one_root("b" * 64))})
+    ret = runner.status()
+    assert ret["retcode"] == 1 and ret["roots_equal"] is False, ret
+    assert list(ret["roots_differ"]) == ["file_roots base 0"]
+    assert isinstance(ret["roots_differ"]["file_roots base 0"]["m2"], str)
+
+
+def test_status_compares_the_commits_served_per_git_remote(runner, use):
+    url = "https://git.example/formulas.git"
+    one = {"gitfs": {url: {"main": "1" * 40}}}
+    two = {"gitfs": {url: {"main": "2" * 40}}}
+    use({"cm1": report({}, one), "cm2": report({}, one)})
+    ret = runner.status()
+    assert ret["git_equal"] is True and ret["git"] == {f"gitfs {url}": "same commits"}, ret
+
+    use({"cm1": report({}, one), "cm2": report({}, two)})
+    ret = runner.status()
+    assert ret["retcode"] == 1 and ret["git_equal"] is False, ret
+    assert ret["git"][f"gitfs {url}"] == {"m1": {"main": "1" * 12}, "m2": {"main": "2" * 12}}
+
+
+@pytest.mark.parametrize(
+    ("roots", "git"),
+    [
+        ({"file_roots": ["not", "a", "mapping"]}, {}),
+        ({"file_roots": {"base": [{"path": 1, "digest": "d"}]}}, {}),
+        ({}, {"gitfs": {"https://x": {"main": 12345}}}),
+        ({}, {"gitfs": ["https://x"]}),
+    ],
+)
+def test_malformed_roots_or_commits_are_a_per_master_error(runner, use, roots, git):
+    use({"cm1": report(one_root("a" * 64)), "cm2": report(roots, git)})
+    ret = runner.status()
+    assert ret["retcode"] == 1
+    assert (
+        ret["masters"]["m2"]["reachable"] is False and "malformed" in ret["masters"]["m2"]["error"]
+    )

@@ -105,6 +105,22 @@ def test_per_master_interface_wins(defaults):
     assert ms.master_config(settings, settings["masters"][1])["interface"] == "127.0.0.1"
 
 
+def test_per_master_roots_win(defaults):
+    """
+    Masters on one host need their own roots: a master's ``file_roots``/``pillar_roots`` win
+    over ``master:`` for that master only.
+    """
+    own = {"base": ["/srv/m2/salt"]}
+    settings = build(
+        defaults,
+        masters=[{"id": "m1", "host": "a"}, {"id": "m2", "host": "b", "file_roots": own}],
+        master={"file_roots": {"base": ["/srv/salt"]}},
+    )
+    first, second = (ms.master_config(settings, m) for m in settings["masters"])
+    assert first["file_roots"] == {"base": ["/srv/salt"]} and second["file_roots"] == own
+    assert first["pillar_roots"] == second["pillar_roots"]
+
+
 def test_failover_configs(defaults):
     settings = build(
         defaults,

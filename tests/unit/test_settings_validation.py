@@ -118,6 +118,12 @@ CASES = {
         "10",
         "an IP address to bind",
     ),
+    "master-roots-relative-path": (
+        pillar(masters=[dict(M1, pillar_roots={"base": ["srv/pillar"]})]),
+        "masters[0]:pillar_roots",
+        "srv/pillar",
+        "a mapping of environment to a list of absolute paths",
+    ),
     "relative-config-dir": (
         pillar(masters=[dict(M1, config_dir="etc/salt")]),
         "masters[0]:config_dir",

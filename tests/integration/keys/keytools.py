@@ -10,7 +10,6 @@ import hashlib
 import json
 import pathlib
 import re
-import threading
 
 from cryptography.hazmat.primitives import serialization
 
@@ -384,36 +383,20 @@ class SecretScanner:
         return None
 
 
-class EventCapture:
+class EventCapture(devkit.Poller):
     """
     Keeps every event the factories' event listener receives while active (the listener itself
     drops events after two minutes).
     """
 
     def __init__(self, event_listener, interval=0.5):
+        super().__init__(interval)
         self.listener = event_listener
-        self.interval = interval
         self.events = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
 
-    def _poll(self):
-        while not self._stop.is_set():
-            self._collect()
-            self._stop.wait(self.interval)
-
-    def _collect(self):
+    def poll(self):
         for event in list(self.listener.store):
             self.events.setdefault(id(event), event)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_):
-        self._stop.set()
-        self._thread.join()
-        self._collect()
 
     def dumps(self):
         """

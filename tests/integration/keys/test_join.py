@@ -22,6 +22,7 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives import serialization
 
+from .. import harness
 from ..harness import Ports
 from . import keytools
 from .conftest import HOSTS, START_TIMEOUT
@@ -47,6 +48,17 @@ ALIVE_INTERVAL = 3
 # The maintenance loop (loop_interval 1) rotates the AES key after a delete/reject.
 ROTATION_WAIT = 5
 CONVERGE_TIMEOUT = 180
+
+
+def MASTER_ROOTS(index, pillar_dir):  # noqa: N802  (the conftest hook's name)
+    """
+    Every master serves one formula dir (roots shared, as over NFS), so ``status`` finds the
+    roots equal and the key-plane outcomes decide its exit code.
+    """
+    formula = pillar_dir.parent / f"{PREFIX}-formula"
+    if index == 0:
+        harness.copy_formula(formula)
+    return {"file_roots": {"base": [str(formula)]}}
 
 
 def master_pids(cluster):

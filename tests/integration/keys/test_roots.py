@@ -11,7 +11,8 @@ import stat
 
 import pytest
 
-from ..harness import REPO_ROOT, Ports
+from .. import harness
+from ..harness import Ports
 from . import keytools
 
 pytestmark = pytest.mark.integration
@@ -20,7 +21,6 @@ PREFIX = "kr"
 PORTS = Ports(publish=31130, ret=31131)
 DAEMON_EXTRA = {"log_level": "debug", "log_level_logfile": "debug"}
 MARKER = "MMROOTS-" + "5f1d0c9e7a3b4d62a8e1f0b7c6d5e4a3"
-FORMULA_PARTS = ("multimaster", "_modules", "_runners", "_states", "_utils")
 
 
 def root_paths(index, pillar_dir):
@@ -43,9 +43,7 @@ def MASTER_ROOTS(index, pillar_dir):  # noqa: N802  (the conftest hook's name)
     for path in (formula, tree, shared, pillar):
         path.mkdir(parents=True, exist_ok=True)
     if index == 0:
-        # The formula as a user would put it in file_roots (not the whole checkout).
-        for part in FORMULA_PARTS:
-            shutil.copytree(REPO_ROOT / part, formula / part, dirs_exist_ok=True)
+        harness.copy_formula(formula)
     return {
         "file_roots": {"base": [str(formula), str(tree)]},
         "pillar_roots": {"base": [str(shared), str(pillar)]},
@@ -177,6 +175,68 @@ def test_one_change_and_one_deletion_propagate(cluster, trees):
     _, peer_tree, _, _ = paths_of(cluster, 2)
     assert (peer_tree / "web" / "init.sls").read_text().endswith("succeed_with_changes\n")
     assert not (peer_tree / "empty.sls").exists()
+
+
+def test_status_names_the_paths_that_differ(cluster, trees):
+    """
+    ``status`` gives each root's digest per master; after a change on master2 it reports the
+    roots unequal (exit 1) and names the root and the paths (changed, extra); ``sync_roots``
+    makes them equal again.
+    """
+    assert cluster.run("sync_roots").returncode == 0
+    # This module's masters keep their own master keys (no join here): status exits 1 for
+    # that whatever the roots; only its roots part is under test.
+    ret = cluster.run("status")
+    assert ret.data["roots_equal"] is True, str(ret)
+    m1, m2, _ = cluster.masters
+    _, tree, _, _ = paths_of(cluster, 0)
+    _, peer_tree, _, _ = paths_of(cluster, 1)
+    digests = [d for envs in ret.data["roots"]["file_roots"].values() for d in envs.values()]
+    tree_root = next(d for d in digests if d[m1.id].endswith(str(tree)))
+    assert tree_root[m2.id].split()[0] == tree_root[m1.id].split()[0], tree_root
+
+    (peer_tree / "web" / "init.sls").write_text("edited on master2\n")
+    (peer_tree / "extra.sls").write_text("only on master2\n")
+    try:
+        ret = cluster.run("status")
+        assert ret.returncode == 1 and ret.data["roots_equal"] is False, str(ret)
+        [(root, per_master)] = ret.data["roots_differ"].items()
+        assert root.startswith("file_roots base "), root
+        assert per_master[m2.id] == {"changed": ["web/init.sls"], "extra": ["extra.sls"]}
+        assert per_master[cluster.masters[2].id] == {}, per_master
+    finally:
+        assert cluster.run("sync_roots").returncode == 0
+    ret = cluster.run("status")
+    assert ret.data["roots_equal"] is True and "roots_differ" not in ret.data, str(ret)
+
+
+def test_a_master_host_down_is_reported_and_the_rerun_converges(cluster, trees, event_listener):
+    """
+    master3's host does not answer (its control minion is stopped): ``sync_roots`` exits 1
+    naming master3, master2 is synced all the same (with progress events on master1's bus);
+    master3's host back, a re-run converges it.
+    """
+    _, m2, m3 = cluster.masters
+    assert cluster.run("sync_roots").returncode == 0
+    (trees / "down.sls").write_text("written while master3 is away\n")
+    control3 = cluster.control[2]
+    control3.terminate()
+    try:
+        with keytools.EventCapture(event_listener) as capture:
+            ret = cluster.run("sync_roots", "timeout=30")
+        assert ret.returncode == 1, ret
+        assert ret.data["masters"][m3.id]["result"] is False, ret.data
+        assert ret.data["masters"][m2.id]["result"] is True, ret.data
+        assert (paths_of(cluster, 1)[1] / "down.sls").exists()
+        assert not (paths_of(cluster, 2)[1] / "down.sls").exists()
+        progress = [data for _, tag, data in capture.dumps() if tag.endswith("/progress")]
+        assert any(m2.id in data for data in progress), progress
+    finally:
+        control3.start(start_timeout=120)
+    ret = cluster.run("sync_roots")
+    assert ret.returncode == 0, ret
+    assert ret.data["masters"][m3.id]["result"] is True, ret.data
+    assert (paths_of(cluster, 2)[1] / "down.sls").read_text() == "written while master3 is away\n"
 
 
 def test_a_symlinked_directory_on_a_peer_is_not_written_through(cluster, trees, tmp_path):
