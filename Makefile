@@ -31,3 +31,4 @@ lint: venv
 
 bench: venv
 	$(PY) bench/bench_sync_keys.py
+	$(PY) bench/bench_sync_roots.py

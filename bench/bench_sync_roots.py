@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""
+Benchmark ``salt-run multimaster.sync_roots`` on a 5,000-file / 200 MB tree, side by side with
+``rsync -a`` of the same tree and with the floor.
+
+Starts two masters (127.0.0.21-22) and their control minions inside bench/run/roots/; master1's
+``file_roots`` hold a generated tree (nested directories, mostly small files and a few large
+ones, random content), master2's its own empty root. Then measures in one run:
+
+- floor: ``salt -L master2 test.ping`` (one publish round trip, CLI included);
+- rsync: ``rsync -a`` of master1's tree into an empty directory (same disk, same run);
+- first: the first ``sync_roots roots=file`` (the whole tree to master2);
+- no-op: ``sync_roots`` again (manifests and digests only);
+- one change: one file of the tree rewritten, then ``sync_roots``;
+- peak RSS of the ``salt-run`` process (against ``salt-run test.arg``, its idle size) and of
+  master2's control minion and master1's daemons (against their size before the first sync).
+
+Usage: ``python bench/bench_sync_roots.py [--files 5000] [--mb 200] [--repeat 3]``.
+"""
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import subprocess
+
+from benchlab import BenchLab, PeakSampler, devkit, peak_rss_mb, timed, tree_peak_rss_mb
+
+MASTERS = [("master1", "127.0.0.21"), ("master2", "127.0.0.22")]
+LARGE = 100  # files that hold most of the bytes
+
+
+def roots(mid):
+    return {
+        "file_roots": {"base": [LAB.path(mid, "formula"), LAB.path(mid, "tree")]},
+        # master1 serves the control minions' multimaster pillar; master2 has its own dir.
+        "pillar_roots": {
+            "base": [LAB.path("pillar") if mid == "master1" else LAB.path(mid, "pillar")]
+        },
+    }
+
+
+LAB = BenchLab("roots", MASTERS, devkit.Ports(publish=32010, ret=32011), roots)
+
+
+def make_tree(root, files, total_mb, seed=7):
+    """
+    ``files`` files under 50 nested directories, ``total_mb`` MB in all: ``LARGE`` files carry
+    80% of the bytes, the rest are small (sizes vary); content is random (nothing compresses).
+    """
+    rng = random.Random(seed)
+    total = total_mb * 1024 * 1024
+    large = int(total * 0.8) // LARGE
+    small = (total - large * LARGE) // max(files - LARGE, 1)
+    for i in range(files):
+        directory = os.path.join(root, f"d{i % 10}", f"e{i % 50 // 10}")
+        os.makedirs(directory, exist_ok=True)
+        size = large if i < LARGE else rng.randint(small // 2, small * 3 // 2)
+        with open(os.path.join(directory, f"f{i:05d}.sls"), "wb") as handle:
+            handle.write(rng.randbytes(size))
+
+
+def prepare(files, total_mb):
+    def run():
+        make_tree(LAB.path("master1", "tree"), files, total_mb)
+        LAB.copy_formula(LAB.path("master1", "formula"))
+        LAB.copy_formula(LAB.path("master2", "formula"))
+        for directory in (LAB.path("master2", "tree"), LAB.path("master2", "pillar")):
+            os.makedirs(directory)
+
+    return run
+
+
+def sync_roots():
+    """
+    ``salt-run multimaster.sync_roots roots=file``: ``(seconds, peak RSS MB)``.
+    """
+    cmd = LAB.command("salt-run", "master1", "multimaster.sync_roots", "roots=file", "--out=json")
+    seconds, (rc, out, rss) = timed(lambda: peak_rss_mb(cmd))
+    if rc != 0:
+        raise SystemExit(f"sync_roots failed ({rc}): {out[-3000:]}")
+    return seconds, rss
+
+
+def tree_size(root):
+    count = size = 0
+    for dirpath, _, names in os.walk(root):
+        count += len(names)
+        size += sum(os.path.getsize(os.path.join(dirpath, n)) for n in names)
+    return count, size
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--files", type=int, default=5000)
+    parser.add_argument("--mb", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--keep", action="store_true", help="leave the daemons running")
+    args = parser.parse_args()
+    rsync = shutil.which("rsync")
+    if not rsync:
+        raise SystemExit("rsync is needed for the comparison: apt-get install rsync")
+    source = LAB.path("master1", "tree")
+    try:
+        setup, _ = timed(lambda: LAB.start(prepare(args.files, args.mb)))
+        count, size = tree_size(source)
+        print(f"set-up: {setup:.1f}s (tree: {count} files, {size / 2**20:.0f} MB)")
+        floor = statistics.median(
+            timed(lambda: LAB.ping("master2", ("-L",)))[0] for _ in range(args.repeat)
+        )
+        rsynced = []
+        for i in range(args.repeat):
+            target = LAB.path(f"rsync-{i}")
+            copy = [rsync, "-a", f"{source}/", target]
+            rsynced.append(timed(lambda c=copy: subprocess.run(c, check=True))[0])
+            shutil.rmtree(target)
+        rsync_time = statistics.median(rsynced)
+        idle_cmd = LAB.command("salt-run", "master1", "test.arg", "--out=json")
+        idle_runner = peak_rss_mb(idle_cmd)[2]
+        minion_pid = LAB.control_minion_pid("master2")
+        master_pid = devkit.read_pid(LAB.path("master1", "var", "run", "salt-master.pid"))
+        idle_minion, idle_master = tree_peak_rss_mb(minion_pid), tree_peak_rss_mb(master_pid)
+
+        with PeakSampler([minion_pid, master_pid]) as sampler:
+            first, first_rss = sync_roots()
+        minion_peak, master_peak = sampler.peaks[minion_pid], sampler.peaks[master_pid]
+        copied = tree_size(LAB.path("master2", "tree"))
+        if copied != (count, size):
+            raise SystemExit(f"master2's tree holds {copied}, expected {(count, size)}")
+        noops = [sync_roots() for _ in range(args.repeat)]
+        noop = statistics.median(t for t, _ in noops)
+        changes = []
+        for i in range(args.repeat):
+            victim = os.path.join(source, "d3", "e2", f"f{1000 + i:05d}.sls")
+            with open(victim, "ab") as handle:
+                handle.write(b"# changed\n")
+            changes.append(sync_roots())
+        change = statistics.median(t for t, _ in changes)
+        peak_runner = max([first_rss, *(r for _, r in noops + changes)])
+    finally:
+        if not args.keep:
+            LAB.stop_all()
+    rows = [
+        ("floor: salt -L master2 test.ping", floor, None),
+        (f"rsync -a of the tree ({count} files, {size / 2**20:.0f} MB)", rsync_time, None),
+        ("first sync_roots (whole tree to master2)", first, f"{first / rsync_time:.2f} x rsync"),
+        ("no-op sync_roots", noop, f"{noop / floor:.2f} x floor"),
+        ("sync_roots after one changed file", change, f"{change / noop:.2f} x no-op"),
+    ]
+    print(f"\n{'measure':<58} {'seconds':>8}  relative")
+    for name, secs, rel in rows:
+        print(f"{name:<58} {secs:8.2f}  {rel or ''}")
+    print(
+        f"\npeak RSS, MB (idle -> peak): salt-run {idle_runner:.0f} -> {peak_runner:.0f}; "
+        f"master2's control minion {idle_minion:.0f} -> {minion_peak:.0f}; "
+        f"master1's daemons {idle_master:.0f} -> {master_peak:.0f}"
+    )
+    print(
+        "targets: first <= 3 x rsync; one change <= 1.5 x no-op; no-op <= 2 x floor; "
+        "peak RSS within 100 MB of idle"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""
+The daemons a benchmark runs against: masters on loopback addresses with one control minion
+each (connected to and accepted on the primary), the formula synced as a user syncs it, all
+inside one run directory under bench/run/. Shared by the key and roots benchmarks.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The dev toolkit shared with the lab and the tests.
+sys.path.insert(0, ROOT)
+
+from tests.support import devkit  # noqa: E402
+
+FORMULA_PARTS = ("multimaster", "_modules", "_runners", "_states", "_utils")
+
+
+def timed(fn):
+    """
+    ``(seconds, result)`` of ``fn()``.
+    """
+    start = time.monotonic()
+    result = fn()
+    return time.monotonic() - start, result
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def largest_load(master_dir):
+    """
+    The largest ``.load.p`` in the master's job cache: what its biggest publish (or kept job)
+    stored.
+    """
+    sizes = [0]
+    for dirpath, _, filenames in os.walk(master_dir):
+        if ".load.p" in filenames:
+            sizes.append(os.path.getsize(os.path.join(dirpath, ".load.p")))
+    return max(sizes)
+
+
+def peak_rss_mb(cmd):
+    """
+    ``(returncode, output, peak RSS in MB)`` of the command ``cmd`` run to completion: the
+    kernel's high-water mark of that one process, from ``wait4``.
+    """
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = proc.stdout.read()
+    proc.stdout.close()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, out, usage.ru_maxrss / 1024
+
+
+def tree_peak_rss_mb(pid):
+    """
+    The largest high-water mark (``VmHWM``, MB) among ``pid`` and its descendants right now.
+    """
+    import psutil
+
+    peak = 0
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return peak
+    for proc in procs:
+        try:
+            with open(f"/proc/{proc.pid}/status", encoding="ascii") as handle:
+                for line in handle:
+                    if line.startswith("VmHWM:"):
+                        peak = max(peak, int(line.split()[1]) / 1024)
+        except OSError:
+            continue
+    return peak
+
+
+class PeakSampler(devkit.Poller):
+    """
+    While active, samples ``tree_peak_rss_mb`` of each pid every ``interval`` seconds and keeps
+    the largest value per pid (a job process's own high-water mark is read until it exits).
+    """
+
+    def __init__(self, pids, interval=0.05):
+        super().__init__(interval)
+        self.pids = pids
+        self.peaks = {pid: 0 for pid in pids}
+
+    def poll(self):
+        for pid in self.pids:
+            self.peaks[pid] = max(self.peaks[pid], tree_peak_rss_mb(pid))
+
+
+class BenchLab:
+    """
+    ``masters``: ``[(id, ip)]``, the first one the primary; ``roots(mid)``: extra master config
+    (``file_roots``/``pillar_roots``) for master ``mid``.
+    """
+
+    def __init__(self, name, masters, ports, roots):
+        self.run_dir = os.path.join(ROOT, "bench", "run", name)
+        self.masters = masters
+        self.ports = ports
+        self.roots = roots
+
+    def path(self, *parts):
+        return os.path.join(self.run_dir, *parts)
+
+    def config_dir(self, mid):
+        return self.path(mid)
+
+    def pki(self, mid):
+        return self.path(mid, "etc", "salt", "pki", "master")
+
+    def cli(self, name, mid, *args, out=None):
+        """
+        ``name -c <master mid's config dir> args`` (a Salt CLI of this venv).
+        """
+        return devkit.salt_cli(name, self.config_dir(mid), *args, out=out, timeout=1800)
+
+    def command(self, name, mid, *args):
+        return devkit.salt_command(name, self.config_dir(mid), *args)
+
+    def section(self):
+        return devkit.multimaster_section(
+            [devkit.master_entry(mid, ip, self.path(mid)) for mid, ip in self.masters],
+            self.ports,
+        )
+
+    def master_config(self, mid, ip):
+        return devkit.loopback_master(
+            ip,
+            self.ports,
+            root_dir=self.path(mid),
+            user="root",
+            log_file=self.path(mid, "master.log"),
+            log_level_logfile="info",
+            **self.roots(mid),
+            **devkit.multimaster_master_options(self.section()),
+        )
+
+    def minion_config(self, mid):
+        return devkit.loopback_minion(
+            self.masters[0][1],
+            self.ports,
+            id=mid,
+            root_dir=self.path(f"{mid}-minion"),
+            user="root",
+            log_file=self.path(f"{mid}-minion", "minion.log"),
+        )
+
+    def copy_formula(self, target):
+        for part in FORMULA_PARTS:
+            shutil.copytree(os.path.join(ROOT, part), os.path.join(target, part))
+
+    def _pidfiles(self):
+        for dirpath, _, files in os.walk(self.run_dir):
+            for name in files:
+                if name.endswith(".pid"):
+                    yield os.path.join(dirpath, name)
+
+    def stop_all(self):
+        if os.path.isdir(self.run_dir):
+            devkit.stop_pids(filter(None, map(devkit.read_pid, self._pidfiles())))
+
+    def wait(self, what, check, timeout=120):
+        devkit.wait_until(
+            f"{what}; see logs under {self.run_dir}", check, timeout, error=SystemExit
+        )
+
+    def ping(self, targets="*", tgt_type=()):
+        primary = self.masters[0][0]
+        return self.cli("salt", primary, *tgt_type, targets, "test.ping", "-t", "10", out="txt")
+
+    def peer_ping(self):
+        """
+        The floor: one publish round trip to the peers' control minions, CLI included.
+        """
+        peers = ",".join(mid for mid, _ in self.masters[1:])
+        return self.ping(peers, ("-L",))
+
+    def start(self, prepare=None):
+        """
+        Fresh run directory, configs, pillar and formula; ``prepare()`` (writing trees) runs
+        before the daemons start; then daemons up, control minions accepted, modules synced.
+        """
+        self.stop_all()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.copy_formula(self.path("formula"))
+        devkit.write_multimaster_pillar(self.path("pillar"), self.section())
+        for mid, ip in self.masters:
+            devkit.write_config(self.path(mid, "master"), self.master_config(mid, ip))
+            devkit.write_config(self.path(f"{mid}-minion", "minion"), self.minion_config(mid))
+        if prepare:
+            prepare()
+        for mid, _ in self.masters:
+            self.cli("salt-master", mid, "-d")
+        for mid, _ in self.masters:
+            devkit.salt_cli("salt-minion", self.path(f"{mid}-minion"), "-d", out=None)
+        primary = self.masters[0][0]
+
+        def pending():
+            listed = self.cli("salt-key", primary, "-l", "pre", out="json").data or {}
+            return len(listed.get("minions_pre", [])) == len(self.masters)
+
+        self.wait("control minion keys", pending)
+        self.cli("salt-key", primary, "-A", "-y")
+        self.wait(
+            "control minions",
+            lambda: self.ping().stdout.count("True") == len(self.masters),
+        )
+        self.cli("salt", primary, "*", "saltutil.sync_all", "-t", "60")
+        self.cli("salt-run", primary, "saltutil.sync_all")
+
+    def control_minion_pid(self, mid):
+        return devkit.read_pid(self.path(f"{mid}-minion", "var", "run", "salt-minion.pid"))
