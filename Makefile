@@ -32,3 +32,4 @@ lint: venv
 bench: venv
 	$(PY) bench/bench_sync_keys.py
 	$(PY) bench/bench_sync_roots.py
+	$(PY) bench/bench_reactor.py

@@ -11,8 +11,10 @@ What only the ``multimaster`` runners drive on a master host lives in ``multimas
 import logging
 import os
 import socket
+import time
 
 import salt.config
+import salt.utils.files
 from salt.exceptions import CommandExecutionError
 
 try:
@@ -102,6 +104,7 @@ def settings(defaults=None, redact=True):
         "minion_conf_dir": os.path.dirname(__opts__["conf_file"]),
         "minion_pki_dir": __opts__["pki_dir"],
         "minion_pidfile": __opts__["pidfile"],
+        "first_highstate_mark": _first_highstate_mark(),
         "master": local_master,
     }
     merged["config"] = {
@@ -310,6 +313,38 @@ def restart_master_now(service="salt-master", timeout=90):
     if not multimaster_daemon.wait_port(host, int(mopts["ret_port"]), float(timeout)):
         raise CommandExecutionError(f"salt-master did not listen on {host} after the restart")
     return stopped["service"] or "daemon"
+
+
+def _first_highstate_mark():
+    # Beside the minion's key, not in its cache: saltutil.clear_cache must not make a set-up
+    # minion "new", while a minion whose pki dir is fresh (a new identity) is new.
+    return os.path.join(__opts__["pki_dir"], "multimaster_first_highstate")
+
+
+def first_highstate(**kwargs):
+    """
+    Run ``state.highstate`` on this minion if nothing has claimed its first highstate yet: the
+    mark (``<pki_dir>/multimaster_first_highstate``) is created atomically, so when every
+    master's reactor calls this at once, on a restart or after a failover, exactly one call
+    runs the highstate. ``multimaster.minion`` sets the mark on minions it configures, so
+    switching the reactor on does not highstate a fleet that is already set up. Delete the
+    mark to have the next start run a highstate again.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt web1 multimaster.first_highstate
+    """
+    path = _first_highstate_mark()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        with salt.utils.files.fopen(path) as fh:
+            return {"highstate": False, "comment": f"already claimed: {fh.read(500).strip()}"}
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"jid {kwargs.get('__pub_jid')} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")
+    return {"highstate": True, "ret": __salt__["state.highstate"](queue=True)}
 
 
 def active_master():

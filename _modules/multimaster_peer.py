@@ -197,6 +197,23 @@ def _master_alive(master, mopts):
     return False
 
 
+def master_settled():
+    """
+    Is this host's salt-master up (a verified pid listening on its ret port) with no restart
+    pending from ``multimaster.master_restarted``? What ``multimaster.wait_masters`` polls.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master2 multimaster_peer.master_settled
+    """
+    master, mopts = _mopts()
+    up = bool(_master_alive(master, mopts))
+    pending = multimaster_daemon.restart_pending(mopts["pidfile"])
+    return {"up": up, "restart_pending": pending, "settled": up and not pending}
+
+
 def _checked(action):
     """
     ``(action, canonical pem)`` after checking id, op and that the key is canonical and has the

@@ -22,8 +22,9 @@ import time
 
 import salt.cache
 import salt.client
+import salt.config
 import salt.utils.json
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import SaltClientError, SaltInvocationError
 
 try:
     import multimaster_ids
@@ -62,8 +63,20 @@ class Refused(SaltInvocationError):
     """
 
 
+def _configured():
+    """
+    The ``multimaster`` section of this master's config as it is on disk now: an orchestration
+    re-renders ``master.d`` (``multimaster.master``) between its runner steps, and the opts
+    this process started with would still name the old set.
+    """
+    conf_file = __opts__.get("conf_file")
+    if conf_file and os.path.isfile(conf_file):
+        return salt.config.master_config(conf_file).get("multimaster")
+    return __opts__.get("multimaster")
+
+
 def _section(masters=None):
-    section = dict(__opts__.get("multimaster") or {})
+    section = dict(_configured() or {})
     if masters is not None:
         section["masters"] = masters
     if not section.get("masters"):
@@ -470,6 +483,168 @@ def delete(minion, fingerprint=None, test=False, masters=None, timeout=60):
         salt-run multimaster.delete web1
     """
     return _one_id("delete", minion, fingerprint, test, masters, timeout)
+
+
+# --- orchestration ---------------------------------------------------------------------------
+
+
+def wait_masters(timeout=180, interval=1):
+    """
+    Wait until every master is up with no restart pending: what the orchestrations run after a
+    step that may restart masters (``multimaster.master`` restarts a master once the job that
+    changed its config has returned). Rides out a restart of this master itself.
+
+    timeout
+        Seconds to wait in all.
+
+    interval
+        Seconds between polls.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.wait_masters timeout=120
+    """
+    try:
+        section = _section()
+    except SaltInvocationError as exc:
+        return _refused(exc)
+    start = time.monotonic()
+    waiting, last = _ids(section), {}
+    while True:
+        try:
+            answers, errors = _call(section, waiting, "master_settled", {}, 10)
+        except SaltClientError as exc:  # this master is restarting
+            answers, errors = {}, {m: str(exc) for m in waiting}
+        last = {m: errors.get(m) or answers.get(m) for m in waiting}
+        waiting = [m for m in waiting if not (answers.get(m) or {}).get("settled")]
+        waited = round(time.monotonic() - start, 1)
+        if not waiting:
+            return _finish({"comment": "every master is up", "waited": waited}, False)
+        if waited > float(timeout):
+            return _finish(
+                {"comment": f"not settled after {timeout}s", "masters": last, "waited": waited},
+                True,
+            )
+        time.sleep(float(interval))
+
+
+# --- reactors --------------------------------------------------------------------------------
+
+# salt/key event acts (3008: accepted/rejected; 3006/3007: accept/reject) -> operation
+_KEY_ACTS = {
+    "accept": "accept",
+    "accepted": "accept",
+    "reject": "reject",
+    "rejected": "reject",
+    "delete": "delete",
+}
+# the state the operation leaves on the master where it was made (None: no key at all)
+_LEFT_BY = {"accept": "accepted", "reject": "rejected", "delete": None}
+# concurrent reactors (every master reacting at once) may overtake each other's plan
+_RACE_ROUNDS = 3
+
+
+def _raced(ret):
+    return any(r.get("skipped") for r in ret.get("masters", {}).values() if isinstance(r, dict))
+
+
+def key_event(minion, act, timeout=60):
+    """
+    Propagate a key change made on this master (``salt-key -a/-r/-d``) to every master: what the
+    key reactor (``multimaster/reactor/keys.sls``) runs for each ``salt/key`` event. Any accepted
+    minion can put a ``salt/key`` event on a master's bus, so the event is only a hint: this
+    master's own key store must show the change (the id accepted, rejected, or gone), and what
+    propagates is what the store holds: the exact accepted key (refused, nothing changed, when
+    another master holds a different key for the id or has it rejected or denied), or a
+    reject/delete everywhere with the AES key rotated. Idempotent and safe when several masters
+    react at once (store locks, compare-and-set, re-planned when overtaken); writes fire no
+    ``salt/key`` event, so nothing loops.
+
+    minion
+        The minion id of the event.
+
+    act
+        The event's ``act``: ``accepted``/``accept``, ``rejected``/``reject`` or ``delete``
+        (others, such as ``pend`` and ``denied``, are not propagated).
+
+    timeout
+        Seconds to wait for each control-minion call.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.key_event web1 accepted
+    """
+    here = __opts__["id"]
+    try:
+        section = _section()
+        multimaster_ids.check_id(minion, "minion id")
+        op = _KEY_ACTS.get(act)
+        if op is None:
+            raise Refused(f"act {act!r}: expected one of {', '.join(sorted(_KEY_ACTS))}")
+        if here not in _ids(section):
+            raise Refused(
+                f"this master's id {here!r} is not in multimaster:masters {_ids(section)}: "
+                "each entry's id must be its master's id option"
+            )
+    except SaltInvocationError as exc:
+        return _refused(exc)
+    held = multimaster_keystore.inventory(__opts__, ids={minion})[0].get(minion)
+    state = held[0] if held else None
+    if state != _LEFT_BY[op]:
+        log.warning(
+            "multimaster: %s %s on %s: the store holds %s; ignored", act, minion, here, held
+        )
+        ret = {
+            "comment": f"{minion} is {state or 'unknown'} on {here}, not what {act!r} leaves: "
+            "a stale or forged event; nothing changed",
+        }
+        return _finish(ret, False)
+    fingerprint = held[1] if held else None
+    for _ in range(_RACE_ROUNDS):
+        ret = _one_id(op, minion, fingerprint, False, None, timeout)
+        if not _raced(ret):
+            break
+    ret["event"] = {"master": here, "id": minion, "act": act}
+    return ret
+
+
+def first_highstate(minion, timeout=60):
+    """
+    Give a minion that just started its one first highstate: what the first-highstate reactor
+    (``multimaster/reactor/first_highstate.sls``) runs on every master that sees the minion
+    start. Syncs the custom modules (``saltutil.sync_all``) to the minion, then starts
+    ``multimaster.first_highstate`` there without waiting: the minion claims its mark atomically
+    and runs ``state.highstate`` only if it was first (a restart, a failover or a second master
+    finds the mark and does nothing).
+
+    minion
+        The id of the minion that started.
+
+    timeout
+        Seconds to wait for the module sync.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.first_highstate web1
+    """
+    try:
+        multimaster_ids.check_id(minion, "minion id")
+    except SaltInvocationError as exc:
+        return _refused(exc)
+    with salt.client.get_local_client(__opts__["conf_file"]) as client:
+        synced = client.cmd(
+            [minion], "saltutil.sync_all", tgt_type="list", timeout=timeout, full_return=True
+        ).get(minion)
+        if not isinstance(synced, dict) or synced.get("retcode", 0) != 0:
+            return _finish({"error": f"{minion}: saltutil.sync_all failed: {synced}"}, True)
+        jid = client.cmd_async([minion], "multimaster.first_highstate", tgt_type="list")
+    return _finish({"minion": minion, "jid": jid, "master": __opts__["id"]}, not jid)
 
 
 # --- master key ------------------------------------------------------------------------------

@@ -344,6 +344,25 @@ def schedule_restart(
     return {"scheduled": True, "pid": proc.pid, "how": how}
 
 
+def restart_pending(pidfile):
+    """
+    Is a watcher from ``schedule_restart`` still waiting to restart (or restarting) the daemon
+    recorded in ``pidfile``?
+
+    pidfile
+        The daemon's pidfile, as given to ``schedule_restart``.
+    """
+    me = os.path.abspath(__file__)
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if len(argv) != 3 or os.path.abspath(argv[1]) != me:
+            continue
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            if json.loads(argv[2]).get("pidfile") == pidfile:
+                return True
+    return False
+
+
 def _stop(proc, pidfile, timeout):
     """
     SIGTERM ``proc``, SIGKILL it after ``timeout`` seconds, then clear the pidfiles naming it.

@@ -77,6 +77,11 @@ def _check_id(value, key):
 
 
 ROOTS_KEYS = ("file_roots", "pillar_roots")
+# pillar multimaster:reactor switch -> (event tag, reactor SLS)
+REACTORS = {
+    "keys": ("salt/key", "salt://multimaster/reactor/keys.sls"),
+    "first_highstate": ("salt/minion/*/start", "salt://multimaster/reactor/first_highstate.sls"),
+}
 
 
 def _check_roots(roots, where):
@@ -151,8 +156,10 @@ def _validate_pillar(pillar):
 
 
 def _validate_merged(settings):
-    for key in ("ports", "failover", "signing", "cluster", "minion", "master", "lookup"):
+    for key in ("ports", "failover", "signing", "cluster", "reactor", "minion", "master", "lookup"):
         _check_mapping(settings, key)
+    for key in REACTORS:
+        _check_bool(settings["reactor"], key, "reactor")
     _check_mapping(settings["master"], "gitfs", "master")
     for key in ("master", "minion"):
         _check_mapping(settings["lookup"], key, "lookup")
@@ -357,6 +364,16 @@ def pull_acl(settings):
     return {f"^({ids})$": [f"^{re.escape(multimaster_transport.PULL)}$"]}
 
 
+def reactor_config(reactor):
+    """
+    The master's ``reactor`` list for the switches that are on (empty when none is).
+
+    reactor
+        The ``multimaster:reactor`` settings (``{"keys": bool, "first_highstate": bool}``).
+    """
+    return [{tag: [sls]} for key, (tag, sls) in REACTORS.items() if reactor.get(key)]
+
+
 def master_config(settings, master):
     """
     The ``master.d`` options for ``master`` (an entry of ``settings["masters"]``).
@@ -375,6 +392,10 @@ def master_config(settings, master):
     config["peer_run"] = {**(section["acl"].get("peer_run") or {}), **pull_acl(settings)}
     if settings["mode"] == "failover" and settings["signing"]["enabled"]:
         config["master_sign_pubkey"] = True
+    reactors = reactor_config(settings["reactor"])
+    if reactors:
+        # Salt merges list options across master.d files: a shop's own reactors stay.
+        config["reactor"] = reactors
     gitfs = section["gitfs"]
     if gitfs["remotes"]:
         config["fileserver_backend"] = ["roots", "gitfs"]

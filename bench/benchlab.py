@@ -100,14 +100,18 @@ class PeakSampler(devkit.Poller):
 class BenchLab:
     """
     ``masters``: ``[(id, ip)]``, the first one the primary; ``roots(mid)``: extra master config
-    (``file_roots``/``pillar_roots``) for master ``mid``.
+    (``file_roots``/``pillar_roots``) for master ``mid``. With ``hot``, the masters share the
+    primary's keypair and the control minions connect to every master (as after
+    ``multimaster.minion``); ``reactor`` is the pillar's ``multimaster:reactor``.
     """
 
-    def __init__(self, name, masters, ports, roots):
+    def __init__(self, name, masters, ports, roots, hot=False, reactor=None):
         self.run_dir = os.path.join(ROOT, "bench", "run", name)
         self.masters = masters
         self.ports = ports
         self.roots = roots
+        self.hot = hot
+        self.reactor = reactor
 
     def path(self, *parts):
         return os.path.join(self.run_dir, *parts)
@@ -137,17 +141,18 @@ class BenchLab:
         return devkit.loopback_master(
             ip,
             self.ports,
+            id=mid,
             root_dir=self.path(mid),
             user="root",
             log_file=self.path(mid, "master.log"),
             log_level_logfile="info",
             **self.roots(mid),
-            **devkit.multimaster_master_options(self.section()),
+            **devkit.multimaster_master_options(self.section(), reactor=self.reactor),
         )
 
     def minion_config(self, mid):
         return devkit.loopback_minion(
-            self.masters[0][1],
+            [ip for _, ip in self.masters] if self.hot else self.masters[0][1],
             self.ports,
             id=mid,
             root_dir=self.path(f"{mid}-minion"),
@@ -199,24 +204,50 @@ class BenchLab:
             devkit.write_config(self.path(f"{mid}-minion", "minion"), self.minion_config(mid))
         if prepare:
             prepare()
-        for mid, _ in self.masters:
+        primary = self.masters[0][0]
+        acceptors = [mid for mid, _ in self.masters] if self.hot else [primary]
+        for mid in acceptors:
+            # Before the master starts: its reactor loads the runners once, at start (salt-run
+            # needs only the job tracker dir the running master would have made).
+            os.makedirs(self.path(mid, "var", "cache", "salt", "master", "proc"), exist_ok=True)
+            self.cli("salt-run", mid, "saltutil.sync_all")
+        self.cli("salt-master", primary, "-d")
+        if self.hot:
+            self.wait(
+                "the primary's key", lambda: os.path.exists(self.pki(primary) + "/master.pub")
+            )
+            for mid, _ in self.masters[1:]:
+                self.share_master_key(mid)
+        for mid, _ in self.masters[1:]:
             self.cli("salt-master", mid, "-d")
         for mid, _ in self.masters:
             devkit.salt_cli("salt-minion", self.path(f"{mid}-minion"), "-d", out=None)
-        primary = self.masters[0][0]
+        for mid in acceptors:
 
-        def pending():
-            listed = self.cli("salt-key", primary, "-l", "pre", out="json").data or {}
-            return len(listed.get("minions_pre", [])) == len(self.masters)
+            def pending(mid=mid):
+                listed = self.cli("salt-key", mid, "-l", "pre", out="json").data or {}
+                return len(listed.get("minions_pre", [])) == len(self.masters)
 
-        self.wait("control minion keys", pending)
-        self.cli("salt-key", primary, "-A", "-y")
+            self.wait(f"control minion keys on {mid}", pending)
+            self.cli("salt-key", mid, "-A", "-y")
         self.wait(
             "control minions",
             lambda: self.ping().stdout.count("True") == len(self.masters),
         )
         self.cli("salt", primary, "*", "saltutil.sync_all", "-t", "60")
-        self.cli("salt-run", primary, "saltutil.sync_all")
+
+    def share_master_key(self, mid):
+        """
+        Give master ``mid`` (not started yet) the primary's keypair, as regular files: Salt
+        moves them to ``<id>.pem/.pub`` on first start.
+        """
+        source, target = self.pki(self.masters[0][0]), self.pki(mid)
+        os.makedirs(target, exist_ok=True)
+        for name, mode in (("master.pem", 0o400), ("master.pub", 0o644)):
+            shutil.copyfile(
+                os.path.realpath(os.path.join(source, name)), os.path.join(target, name)
+            )
+            os.chmod(os.path.join(target, name), mode)
 
     def control_minion_pid(self, mid):
         return devkit.read_pid(self.path(f"{mid}-minion", "var", "run", "salt-minion.pid"))

@@ -7,6 +7,10 @@
 multimaster-minion-clean-config-file-absent:
   file.absent:
     - name: {{ local.minion_conf_dir }}/minion.d/{{ mapdata.lookup.config_file }}
+
+multimaster-minion-clean-first-highstate-mark-absent:
+  file.absent:
+    - name: {{ local.first_highstate_mark }}
 {%- set signing = mapdata.mode == "failover" and mapdata.signing.enabled %}
 {%- if signing %}
 

@@ -29,3 +29,11 @@ multimaster-minion-config-signing-pubkey-managed:
     - mode: '0644'
     - makedirs: true
 {%- endif %}
+
+{#- A minion configured here is set up already: the first-highstate reactor leaves it alone. #}
+multimaster-minion-config-first-highstate-mark-managed:
+  file.managed:
+    - name: {{ local.first_highstate_mark }}
+    - contents: set up by multimaster.minion
+    - replace: false
+    - mode: '0600'

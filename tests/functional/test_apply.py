@@ -80,10 +80,13 @@ def test_first_run_writes_only_config(hot):
     assert runs["first_written"] == [
         "conf/master.d/multimaster.conf",
         "conf/minion.d/multimaster.conf",
+        "pki/minion/multimaster_first_highstate",
     ]
     assert changed(runs["first"]) == [
         "multimaster-master-config-file-managed",
         "multimaster-minion-config-file-managed",
+        # the minion counts as set up: the first-highstate reactor leaves it alone
+        "multimaster-minion-config-first-highstate-mark-managed",
     ]
     assert runs["minion_conf"]["master"] == [m["host"] for m in MASTERS]
     assert runs["minion_conf"]["master_type"] == "str"
@@ -115,6 +118,7 @@ def test_clean_removes_what_was_written(hot):
     assert changed(runs["clean"]) == [
         "multimaster-master-clean-config-file-absent",
         "multimaster-minion-clean-config-file-absent",
+        "multimaster-minion-clean-first-highstate-mark-absent",
     ]
     assert runs["clean_written"] == []
     assert changed(runs["clean_again"]) == []
@@ -127,7 +131,11 @@ def test_signing_pubkey_delivered_and_cleaned(salt_env):
     )
     ret = state_sls(env, "multimaster.minion")
     assert not failed(ret), ret
-    assert env.written() == ["conf/minion.d/multimaster.conf", "pki/minion/master_sign.pub"]
+    assert env.written() == [
+        "conf/minion.d/multimaster.conf",
+        "pki/minion/master_sign.pub",
+        "pki/minion/multimaster_first_highstate",
+    ]
     assert (env.minion_pki / "master_sign.pub").read_text() == SIGN_PUB
     conf = read_yaml(env.conf_dir / "minion.d" / "multimaster.conf")
     assert conf["verify_master_pubkey_sign"] is True

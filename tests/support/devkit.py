@@ -41,7 +41,7 @@ if str(REPO_ROOT / "_utils") not in sys.path:
     sys.path.insert(0, str(REPO_ROOT / "_utils"))
 
 from multimaster_daemon import port_open, read_pid, wait_for, wait_port  # noqa: E402
-from multimaster_settings import pull_acl  # noqa: E402
+from multimaster_settings import pull_acl, reactor_config  # noqa: E402
 
 __all__ = [
     "BIN",
@@ -283,12 +283,16 @@ def multimaster_section(masters, ports, mode="hot", **options):
     return {"mode": mode, "ports": ports.as_dict(), "masters": list(masters), **options}
 
 
-def multimaster_master_options(section):
+def multimaster_master_options(section, reactor=None):
     """
     What ``multimaster.master`` renders into a master's ``master.d`` for the runners: the
-    ``multimaster`` section and the ``peer_run`` entry its control minions pull transfers with.
+    ``multimaster`` section and the ``peer_run`` entry its control minions pull transfers with;
+    with ``reactor`` (the pillar's ``multimaster:reactor``), the reactors it switches on.
     """
-    return {"multimaster": section, "peer_run": pull_acl(section)}
+    options = {"multimaster": section, "peer_run": pull_acl(section)}
+    if reactor:
+        options["reactor"] = reactor_config(reactor)
+    return options
 
 
 def write_multimaster_pillar(root, section):

@@ -178,3 +178,87 @@ def test_malformed_roots_or_commits_are_a_per_master_error(runner, use, roots, g
     assert (
         ret["masters"]["m2"]["reachable"] is False and "malformed" in ret["masters"]["m2"]["error"]
     )
+
+
+@pytest.fixture
+def store(runner, monkeypatch):
+    """
+    ``store(entry)``: this master (m2) holds ``entry`` for the event's id (None: no key).
+    """
+    monkeypatch.setitem(runner.__opts__, "id", "m2")
+
+    def store(entry):
+        held = {} if entry is None else {"web1": entry}
+        monkeypatch.setattr(runner.multimaster_keystore, "inventory", lambda *a, **k: (held, {}))
+
+    return store
+
+
+@pytest.mark.parametrize(
+    "act, entry",
+    [
+        ("delete", ["accepted", "ab:cd"]),
+        ("accepted", ["pending", "ab:cd"]),
+        ("accepted", None),
+        ("rejected", ["accepted", "ab:cd"]),
+        ("reject", None),
+    ],
+    ids=[
+        "delete-still-accepted",
+        "accept-still-pending",
+        "accept-unknown",
+        "reject-accepted",
+        "reject-unknown",
+    ],
+)
+def test_key_event_the_store_does_not_show_changes_nothing(runner, use, store, act, entry):
+    """
+    A ``salt/key`` event can be forged by any minion: when this master's own store does not
+    show what the act leaves, nothing is published and nothing changes.
+    """
+    client = use({})
+    store(entry)
+    ret = runner.key_event("web1", act)
+    assert ret["retcode"] == 0 and "nothing changed" in ret["comment"], ret
+    assert client.calls == []
+
+
+@pytest.mark.parametrize(
+    "minion, act, says",
+    [("web1", "pend", "act 'pend'"), ("-rf", "delete", "'-rf'"), ("web*", "accepted", "'web*'")],
+)
+def test_key_event_refuses_bad_input(runner, use, store, minion, act, says):
+    client = use({})
+    store(["accepted", "ab:cd"])
+    ret = runner.key_event(minion, act)
+    assert ret["retcode"] == 1 and says in ret["comment"], ret
+    assert client.calls == []
+
+
+def test_key_event_on_a_master_outside_the_set_is_refused(runner, use, store, monkeypatch):
+    client = use({})
+    store(["accepted", "ab:cd"])
+    monkeypatch.setitem(runner.__opts__, "id", "stranger")
+    ret = runner.key_event("web1", "accepted")
+    assert ret["retcode"] == 1 and "'stranger' is not in multimaster:masters" in ret["comment"]
+    assert client.calls == []
+
+
+def test_key_event_accept_propagates_the_key_this_master_holds(runner, use, store):
+    """
+    The accepted key's fingerprint is what the plan is checked against: another master holding
+    a different key for the id is a conflict and nothing is applied.
+    """
+    fp_here, fp_other = "aa:" * 31 + "aa", "bb:" * 31 + "bb"
+    entries = {"m1": {"web1": ["pending", fp_other]}, "m2": {"web1": ["accepted", fp_here]}}
+    client = use(
+        {
+            "cm1": {**GOOD_DIGESTS, "entries": entries["m1"], "pubs": {}},
+            "cm2": {**GOOD_DIGESTS, "entries": entries["m2"], "pubs": {}},
+        }
+    )
+    store(["accepted", fp_here])
+    ret = runner.key_event("web1", "accepted")
+    assert ret["retcode"] == 1, ret
+    assert fp_other in str(ret) and fp_here in str(ret)
+    assert "multimaster_peer.apply_key_actions" not in client.calls

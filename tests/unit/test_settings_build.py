@@ -4,11 +4,14 @@ configuration each mode implies.
 """
 
 import copy
+import pathlib
 
 import multimaster_settings as ms
 import pytest
 
 from .keyfactory import pub_pem, rsa_private
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 PEM = pub_pem(rsa_private(tag=30))
 
@@ -90,6 +93,25 @@ def test_hot_configs(defaults):
     assert [m["minion_id"] for m in section["masters"]] == ["master1", "master2"]
     for key in ("master_sign_pubkey", "fileserver_backend", "gitfs_remotes", "gitfs_provider"):
         assert key not in master
+
+
+def test_reactors_are_rendered_only_when_pillar_asks(defaults):
+    """
+    No ``reactor`` option by default; each switch adds its own tag and SLS.
+    """
+    master = build(defaults)["masters"][0]
+    assert "reactor" not in ms.master_config(build(defaults), master)
+    keys = build(defaults, reactor={"keys": True})
+    assert ms.master_config(keys, master)["reactor"] == [
+        {"salt/key": ["salt://multimaster/reactor/keys.sls"]}
+    ]
+    both = build(defaults, reactor={"keys": True, "first_highstate": True})
+    assert ms.master_config(both, master)["reactor"] == [
+        {"salt/key": ["salt://multimaster/reactor/keys.sls"]},
+        {"salt/minion/*/start": ["salt://multimaster/reactor/first_highstate.sls"]},
+    ]
+    for _, sls in ms.REACTORS.values():
+        assert (REPO_ROOT / sls.removeprefix("salt://")).is_file(), sls
 
 
 def test_per_master_interface_wins(defaults):

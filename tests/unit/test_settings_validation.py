@@ -405,6 +405,13 @@ CASES = {
         js("yes"),
         "true or false",
     ),
+    "reactor-not-a-mapping": (pillar(reactor=True), "reactor", "true", "a mapping"),
+    "reactor-keys-a-string": (
+        pillar(reactor={"keys": "yes"}),
+        "reactor:keys",
+        js("yes"),
+        "true or false",
+    ),
     "manage-services-an-int": (
         pillar(manage_services=0),
         "manage_services",

@@ -1,0 +1,431 @@
+"""
+The reactors ``multimaster.master`` renders from ``multimaster:reactor`` on two hot masters.
+
+Keys: a ``salt-key`` accept, reject or delete on either master reaches the other (the exact key,
+AES rotated on revocation); a conflict changes nothing; the same accept on both masters at once
+converges; ``salt/key`` events forged by a minion change nothing. First highstate: a new minion
+gets exactly one highstate for both masters, none on a restart, and one while a master is down.
+
+The control minions' keys are placed in both stores before anything starts, so no key event of
+the set-up reaches the reactors under test.
+"""
+
+import concurrent.futures
+import contextlib
+import json
+import pathlib
+import time
+
+import pytest
+import yaml
+
+from . import harness
+from .harness import MASTER_HOSTS, START_TIMEOUT, Ports, devkit, kill_daemons_of, wait_for
+from .keys import keytools
+
+pytestmark = pytest.mark.integration
+
+PREFIX = "rx"
+PORTS = Ports(publish=31160, ret=31161)
+REACTORS = {"keys": True, "first_highstate": True}
+# How long a reactor may take to act (a runner job on the master, calls to control minions).
+REACT_TIMEOUT = 90
+FRESH = "rx-fresh"
+
+
+def control_id(index):
+    return f"{PREFIX}-cm{index + 1}"
+
+
+# --- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def counter(tmp_path_factory):
+    """
+    A file every highstate of a ``rx-fresh*`` minion appends one line to.
+    """
+    return tmp_path_factory.mktemp(f"{PREFIX}-count") / "highstates"
+
+
+@pytest.fixture(scope="module")
+def state_tree(tmp_path_factory, counter):
+    root = tmp_path_factory.mktemp(f"{PREFIX}-states")
+    devkit.write_config(root / "top.sls", {"base": {f"{FRESH}*": ["counted"]}})
+    (root / "counted.sls").write_text(
+        f"rx-counted-highstate:\n  cmd.run:\n    - name: echo {{{{ grains['id'] }}}} >> {counter}\n"
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def masters(salt_factories, pillar_tree, state_tree):
+    """
+    master1/master2 hot, one keypair, the formula served by both, both reactors switched on,
+    and each control minion's key accepted on both before anything starts.
+    """
+    file_roots = {"base": [str(state_tree), str(harness.REPO_ROOT)]}
+    factories = [
+        salt_factories.salt_master_daemon(
+            f"{PREFIX}-master{index + 1}",
+            overrides=harness.master_overrides(
+                host, PORTS, pillar_tree.root, file_roots=file_roots, log_level_logfile="info"
+            ),
+            # The factories accept every pending key by default: here only salt-key does.
+            on_auth_event_callback=lambda *_: None,
+        )
+        for index, host in enumerate(MASTER_HOSTS)
+    ]
+    entries = [
+        devkit.master_entry(f.id, MASTER_HOSTS[i], f.config_dir, minion_id=control_id(i))
+        for i, f in enumerate(factories)
+    ]
+    section = devkit.multimaster_section(entries, PORTS)
+    for factory in factories:
+        devkit.write_config(
+            pathlib.Path(factory.config_dir) / "master.d" / "multimaster.conf",
+            devkit.multimaster_master_options(section, reactor=REACTORS),
+        )
+    for factory in factories:
+        # The reactor loads the runners when the master starts: sync them first, as a user
+        # does before applying multimaster.master (salt-run needs no running master for it).
+        ret = keytools.run_cli("salt-run", factory.config_dir, "saltutil.sync_all")
+        assert ret.returncode == 0 and "runners.multimaster" in ret.data["runners"], ret
+    try:
+        factories[0].start(start_timeout=START_TIMEOUT)
+        harness.copy_master_keypair(factories[0], factories[1])
+        factories[1].start(start_timeout=START_TIMEOUT)
+        yield factories, section
+    finally:
+        for factory in factories:
+            with contextlib.suppress(Exception):
+                factory.terminate()
+            kill_daemons_of(factory.config_dir)
+
+
+@pytest.fixture(scope="module")
+def reactor_set(masters, pillar_tree):
+    """
+    The masters plus their control minions (hot to both), the formula synced to the minions
+    and to both masters.
+    """
+    factories, section = masters
+    master1, master2 = factories
+    control = []
+    with contextlib.ExitStack() as stack:
+        for index in range(2):
+            minion_id = control_id(index)
+            pillar_tree.set(minion_id, {"multimaster": section})
+            factory = start_minion(master1, minion_id, stack)
+            key = devkit.new_rsa_key()
+            pki = pathlib.Path(factory.config["pki_dir"])
+            pki.mkdir(parents=True, exist_ok=True)
+            (pki / "minion.pem").write_text(devkit.private_pem(key))
+            (pki / "minion.pem").chmod(0o400)
+            (pki / "minion.pub").write_text(devkit.public_pem(key))
+            for master in factories:
+                keytools.write_key(master, "minions", minion_id, devkit.public_pem(key))
+            control.append(factory)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda f: f.start(start_timeout=START_TIMEOUT), control))
+        ret = keytools.run_cli(
+            "salt", master1.config_dir, "--static", "--timeout=120", "-L",
+            ",".join(c.id for c in control), "saltutil.sync_all", timeout=240,
+        )  # fmt: skip
+        assert ret.returncode == 0, ret
+        for master in factories:
+            for minion in control:
+                harness.wait_for_ping(master.salt_cli(), minion.id, timeout=60)
+        yield master1, master2
+
+
+def start_minion(master, minion_id, stack, wait=True):
+    """
+    A minion hot to both masters (not started); stopped, with whatever replaced it, at the end.
+    """
+    overrides = harness.minion_overrides(MASTER_HOSTS[0], PORTS, master=list(MASTER_HOSTS))
+    if not wait:
+        overrides["pytest-minion"] = {"master-id": None}
+    factory = master.salt_minion_daemon(minion_id, overrides=overrides)
+    stack.callback(kill_daemons_of, factory.config_dir)
+    stack.callback(factory.terminate)
+    return factory
+
+
+def state_of(master, minion_id):
+    """
+    ``(state dir, fingerprint)`` of the id in ``master``'s store, or None.
+    """
+    for name, ids in keytools.key_ids(master).items():
+        if minion_id in ids:
+            pem = (keytools.pki_dir(master) / name / minion_id).read_text()
+            return name, keytools.fingerprint(pem)
+    return None
+
+
+def pending_everywhere(masters, minion_id, pem=None):
+    """
+    A hot minion's key as it sits after it asked both masters: pending on each.
+    """
+    pem = pem or keytools.new_public_pem()
+    for master in masters:
+        keytools.write_key(master, "minions_pre", minion_id, pem)
+    return keytools.fingerprint(pem)
+
+
+def reactor_returns(event_listener, master, fun, minion_id, after):
+    """
+    The returns of ``runner.multimaster.<fun>`` jobs the reactors ran on ``master`` for
+    ``minion_id`` since ``after``.
+    """
+    events = event_listener.get_events([(master.id, "salt/run/*/ret")], after_time=after)
+    return [
+        e.data.get("return")
+        for e in events
+        if e.data.get("fun") == f"runner.multimaster.{fun}"
+        and minion_id in str(e.data.get("fun_args"))
+    ]
+
+
+def wait_reactor(event_listener, master, fun, minion_id, after, count=1):
+    return wait_for(
+        lambda: (
+            (r := reactor_returns(event_listener, master, fun, minion_id, after))
+            and len(r) >= count
+            and r
+        ),
+        REACT_TIMEOUT,
+        interval=0.5,
+        what=f"the {fun} reactor on {master.id} for {minion_id}",
+    )
+
+
+def salt_key(master, *args):
+    ret = keytools.run_cli("salt-key", master.config_dir, *args, "-y", timeout=60)
+    assert ret.returncode == 0, ret
+    return ret
+
+
+# --- keys ------------------------------------------------------------------------------------
+
+
+def test_reactors_are_in_the_rendered_master_config(reactor_set):
+    """
+    What the masters run with: the ``reactor`` entries next to the ``multimaster`` section.
+    """
+    for master in reactor_set:
+        conf = yaml.safe_load(
+            (pathlib.Path(master.config_dir) / "master.d" / "multimaster.conf").read_text()
+        )
+        assert conf["reactor"] == [
+            {"salt/key": ["salt://multimaster/reactor/keys.sls"]},
+            {"salt/minion/*/start": ["salt://multimaster/reactor/first_highstate.sls"]},
+        ]
+
+
+def test_accept_on_master2_reaches_master1_with_the_exact_key(reactor_set, event_listener):
+    """
+    ``salt-key -a`` on master2: the same key is accepted on master1, by the reactor alone, and
+    the propagation fires no key event of its own (no loop).
+    """
+    master1, master2 = reactor_set
+    fp = pending_everywhere(reactor_set, "rx-acc")
+    start = time.time()
+    salt_key(master2, "-a", "rx-acc")
+    wait_for(
+        lambda: (
+            state_of(master1, "rx-acc") == ("minions", fp)
+            or reactor_returns(event_listener, master2, "key_event", "rx-acc", start)
+        ),
+        REACT_TIMEOUT,
+        interval=0.1,
+        what="rx-acc accepted on master1",
+    )
+    print(f"\nreactor: salt-key -a on master2 -> accepted on master1 in {time.time() - start:.2f}s")
+    (ret,) = wait_reactor(event_listener, master2, "key_event", "rx-acc", start)
+    assert ret["retcode"] == 0, ret
+    assert state_of(master1, "rx-acc") == ("minions", fp)
+    time.sleep(3)  # any reaction the propagation caused would be on the bus by now
+    events = event_listener.get_events([(m.id, "salt/key") for m in reactor_set], after_time=start)
+    assert [(e.daemon_id, e.data.get("id")) for e in events] == [(master2.id, "rx-acc")]
+
+
+def test_reject_on_master1_revokes_on_master2_and_rotates(reactor_set, event_listener):
+    """
+    ``salt-key -r`` of an accepted key on master1: rejected on master2, whose AES key rotates.
+    """
+    master1, master2 = reactor_set
+    pem = keytools.new_public_pem()
+    for master in reactor_set:
+        keytools.write_key(master, "minions", "rx-rej", pem)
+    start = time.time()
+    salt_key(master1, "-r", "rx-rej", "--include-accepted")
+    wait_for(
+        lambda: state_of(master2, "rx-rej") == ("minions_rejected", keytools.fingerprint(pem)),
+        REACT_TIMEOUT,
+        what="rx-rej rejected on master2",
+    )
+    (ret,) = wait_reactor(event_listener, master1, "key_event", "rx-rej", start)
+    assert ret["retcode"] == 0 and ret["masters"][master2.id]["aes_rotated"] is True, ret
+
+
+def test_delete_on_master2_deletes_on_master1(reactor_set, event_listener):
+    master1, master2 = reactor_set
+    pem = keytools.new_public_pem()
+    for master in reactor_set:
+        keytools.write_key(master, "minions", "rx-del", pem)
+    start = time.time()
+    salt_key(master2, "-d", "rx-del")
+    wait_for(lambda: state_of(master1, "rx-del") is None, REACT_TIMEOUT, what="rx-del gone")
+    (ret,) = wait_reactor(event_listener, master2, "key_event", "rx-del", start)
+    assert ret["retcode"] == 0 and ret["masters"][master1.id]["aes_rotated"] is True, ret
+
+
+def test_accept_of_a_conflicting_key_changes_nothing_elsewhere(reactor_set, event_listener):
+    """
+    master1 holds another key for the id: the reactor reports both fingerprints and master1
+    keeps its pending key.
+    """
+    master1, master2 = reactor_set
+    fp1 = pending_everywhere([master1], "rx-twin")
+    fp2 = pending_everywhere([master2], "rx-twin")
+    start = time.time()
+    salt_key(master2, "-a", "rx-twin")
+    (ret,) = wait_reactor(event_listener, master2, "key_event", "rx-twin", start)
+    assert ret["retcode"] == 1 and fp1 in str(ret) and fp2 in str(ret), ret
+    assert state_of(master1, "rx-twin") == ("minions_pre", fp1)
+
+
+def test_the_same_accept_on_both_masters_at_once_converges(reactor_set, event_listener):
+    """
+    Both masters react to the same change at the same time: both reactions succeed, the key is
+    accepted once per master, and nothing stray is left in either store.
+    """
+    fp = pending_everywhere(reactor_set, "rx-both")
+    start = time.time()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda m: salt_key(m, "-a", "rx-both"), reactor_set))
+    for master in reactor_set:
+        (ret,) = wait_reactor(event_listener, master, "key_event", "rx-both", start)
+        assert ret["retcode"] == 0, ret
+    for master in reactor_set:
+        assert state_of(master, "rx-both") == ("minions", fp)
+        assert [d for d, ids in keytools.key_ids(master).items() if "rx-both" in ids] == ["minions"]
+        assert keytools.stray_files(master) == []
+
+
+def test_key_events_forged_by_a_minion_change_nothing(reactor_set, event_listener):
+    """
+    An accepted minion puts ``salt/key`` events on the masters' buses (a pretagged minion
+    event): "deleted" for a key that is accepted, "accepted" for one that is pending. The
+    reactors run, find the stores saying otherwise, and change nothing.
+    """
+    master1, _ = reactor_set
+    victim = keytools.new_public_pem()
+    for master in reactor_set:
+        keytools.write_key(master, "minions", "rx-victim", victim)
+    fp_pending = pending_everywhere(reactor_set, "rx-sneak")
+    before = {m.id: keytools.store_snapshot(m) for m in reactor_set}
+    start = time.time()
+    forged = [
+        {"tag": "key", "data": {"result": True, "act": "delete", "id": "rx-victim"}},
+        {"tag": "key", "data": {"result": True, "act": "accepted", "id": "rx-sneak"}},
+    ]
+    load = {"data": None, "tag": "key", "events": forged, "pretag": "salt"}
+    ret = keytools.run_cli(
+        "salt", master1.config_dir, "--static", control_id(1), "event.fire",
+        json.dumps(load), "fire_master",
+    )  # fmt: skip
+    assert ret.returncode == 0, ret
+    for minion_id in ("rx-victim", "rx-sneak"):
+        rets = wait_reactor(event_listener, master1, "key_event", minion_id, start)
+        assert all("nothing changed" in r["comment"] for r in rets), rets
+    assert {m.id: keytools.store_snapshot(m) for m in reactor_set} == before
+    assert state_of(master1, "rx-sneak") == ("minions_pre", fp_pending)
+
+
+# --- first highstate -------------------------------------------------------------------------
+
+
+def highstates(counter, minion_id):
+    if not counter.exists():
+        return 0
+    return counter.read_text().split().count(minion_id)
+
+
+def first_highstate_returns(event_listener, masters, minion_id, after):
+    """
+    Wait until ``minion_id`` has returned the ``multimaster.first_highstate`` job each of
+    ``masters`` published since ``after``; the returns, in the order of ``masters``.
+    """
+
+    def returned(master):
+        events = event_listener.get_events(
+            [(master.id, f"salt/job/*/ret/{minion_id}")], after_time=after
+        )
+        return [
+            e.data["return"] for e in events if e.data.get("fun") == "multimaster.first_highstate"
+        ]
+
+    return wait_for(
+        lambda: all(returned(m) for m in masters) and [returned(m)[0] for m in masters],
+        REACT_TIMEOUT * 2,
+        what=f"{minion_id}'s first_highstate jobs to return",
+    )
+
+
+def fresh_minion(master, minion_id, accept_on, stack):
+    """
+    Start a new hot minion, accept its key with ``salt-key`` on ``accept_on`` only (the key
+    reactor brings it to the other master), and wait until it answers there.
+    """
+    factory = start_minion(master, minion_id, stack, wait=False)
+    factory.start(start_timeout=START_TIMEOUT)
+    wait_for(
+        lambda: minion_id in keytools.salt_key_list(accept_on)["minions_pre"],
+        60,
+        what=f"{minion_id}'s key pending on {accept_on.id}",
+    )
+    salt_key(accept_on, "-a", minion_id)
+    harness.wait_for_ping(accept_on.salt_cli(), minion_id, timeout=120)
+    return factory
+
+
+def test_a_new_minion_gets_one_highstate_and_none_on_restart(reactor_set, counter, event_listener):
+    """
+    Both masters see the new minion start and react; it runs one highstate. A restart (both
+    masters react again) runs none.
+    """
+    master1, master2 = reactor_set
+    minion_id = f"{FRESH}1"
+    with contextlib.ExitStack() as stack:
+        start = time.time()
+        minion = fresh_minion(master1, minion_id, master1, stack)
+        rets = first_highstate_returns(event_listener, reactor_set, minion_id, start)
+        assert all(isinstance(r, dict) for r in rets), rets
+        assert sorted(r["highstate"] for r in rets) == [False, True], rets
+        assert highstates(counter, minion_id) == 1
+
+        restarted = time.time()
+        minion.terminate()
+        kill_daemons_of(minion.config_dir)
+        minion.start(start_timeout=START_TIMEOUT)
+        rets = first_highstate_returns(event_listener, reactor_set, minion_id, restarted)
+        assert [r["highstate"] for r in rets] == [False, False], rets
+        assert highstates(counter, minion_id) == 1
+
+
+def test_a_master_down_does_not_stop_the_first_highstate(reactor_set, counter, event_listener):
+    """
+    master1 is down: a new minion accepted on master2 still gets its one highstate.
+    """
+    master1, master2 = reactor_set
+    minion_id = f"{FRESH}2"
+    master1.terminate()
+    kill_daemons_of(master1.config_dir)
+    with contextlib.ExitStack() as stack:
+        start = time.time()
+        fresh_minion(master2, minion_id, master2, stack)
+        (ret,) = first_highstate_returns(event_listener, [master2], minion_id, start)
+        assert ret["highstate"] is True, ret
+        assert highstates(counter, minion_id) == 1
