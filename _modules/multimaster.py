@@ -347,6 +347,37 @@ def first_highstate(**kwargs):
     return {"highstate": True, "ret": __salt__["state.highstate"](queue=True)}
 
 
+def stop_master(config_dir=None, service="salt-master", timeout=60):
+    """
+    Stop the salt-master of ``config_dir`` on this host (a system service where it is one, else
+    the verified pid of its pidfile) and wait until it is gone; what ``multimaster.orch.
+    remove_master`` runs with ``multimaster_stop: true`` on a master that has left
+    ``multimaster:masters``. Nothing runs from a command line read from ``/proc``; a pidfile
+    naming another process is refused.
+
+    config_dir
+        The master's config dir; default: this minion's own (``/etc/salt`` on a package install).
+
+    service
+        The systemd unit name, used when the master runs as that unit.
+
+    timeout
+        Seconds to wait for it to exit.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master3 multimaster.stop_master
+    """
+    config_dir = config_dir or os.path.dirname(__opts__["conf_file"])
+    mopts = multimaster_keystore.master_opts(config_dir)
+    stopped = multimaster_daemon.stop_now(
+        mopts["pidfile"], service, "salt-master", config_dir, timeout=float(timeout)
+    )
+    return {"stopped": stopped["was_running"], "pid": stopped["pid"], "config_dir": config_dir}
+
+
 def active_master():
     """
     The master this minion is connected to right now (on a multi-master minion

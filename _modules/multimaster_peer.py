@@ -199,8 +199,9 @@ def _master_alive(master, mopts):
 
 def master_settled():
     """
-    Is this host's salt-master up (a verified pid listening on its ret port) with no restart
-    pending from ``multimaster.master_restarted``? What ``multimaster.wait_masters`` polls.
+    Is this host's salt-master up (a verified pid listening on its ret port) with no restart of
+    it or of this control minion pending (``multimaster.master_restarted``/``minion_restarted``)?
+    What ``multimaster.wait_masters`` polls.
 
     CLI Example:
 
@@ -210,7 +211,12 @@ def master_settled():
     """
     master, mopts = _mopts()
     up = bool(_master_alive(master, mopts))
-    pending = multimaster_daemon.restart_pending(mopts["pidfile"])
+    # This control minion's own restart (multimaster.minion) counts too: until it has happened
+    # the runners would lose it mid-call.
+    pending = any(
+        multimaster_daemon.restart_pending(pidfile)
+        for pidfile in (mopts["pidfile"], __opts__["pidfile"])
+    )
     return {"up": up, "restart_pending": pending, "settled": up and not pending}
 
 

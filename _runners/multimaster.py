@@ -63,20 +63,20 @@ class Refused(SaltInvocationError):
     """
 
 
-def _configured():
+def _on_disk():
     """
-    The ``multimaster`` section of this master's config as it is on disk now: an orchestration
-    re-renders ``master.d`` (``multimaster.master``) between its runner steps, and the opts
-    this process started with would still name the old set.
+    This master's options as its config on disk says now: an orchestration re-renders
+    ``master.d`` (``multimaster.master``) between its runner steps, and the opts this process
+    started with would still hold the old set and roots.
     """
     conf_file = __opts__.get("conf_file")
     if conf_file and os.path.isfile(conf_file):
-        return salt.config.master_config(conf_file).get("multimaster")
-    return __opts__.get("multimaster")
+        return salt.config.master_config(conf_file)
+    return __opts__
 
 
 def _section(masters=None):
-    section = dict(_configured() or {})
+    section = dict(_on_disk().get("multimaster") or {})
     if masters is not None:
         section["masters"] = masters
     if not section.get("masters"):
@@ -1112,11 +1112,12 @@ def sync_roots(roots="both", test=False, timeout=300):
         if roots not in _ROOT_CHOICES:
             raise Refused(f"roots={roots!r}: expected one of file, pillar, both")
         section = _section()
-        kinds, notes = multimaster_roots.synced_kinds(__opts__, _ROOT_CHOICES[roots])
+        current = _on_disk()
+        kinds, notes = multimaster_roots.synced_kinds(current, _ROOT_CHOICES[roots])
         if not kinds:
             return _finish({"masters": {}, "comment": "; ".join(notes)}, False)
         # This master hashes its own roots while the peers hash theirs.
-        opts = {key: __opts__.get(key) for key in _ROOTS_OPTS}
+        opts = {key: current.get(key) for key in _ROOTS_OPTS}
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             local_manifests = pool.submit(multimaster_roots.manifests, opts, kinds)
             summary, errors = _call(

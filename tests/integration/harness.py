@@ -120,6 +120,23 @@ def copy_master_keypair(source, target):
         dst.chmod(mode)
 
 
+def preaccept(minion, masters):
+    """
+    Give ``minion`` (a factory not started yet) a keypair and place its public key as accepted
+    on each of ``masters``: set-up that fires no key event.
+    """
+    key = devkit.new_rsa_key()
+    pki = pathlib.Path(minion.config["pki_dir"])
+    pki.mkdir(parents=True, exist_ok=True)
+    (pki / "minion.pem").write_text(devkit.private_pem(key))
+    (pki / "minion.pem").chmod(0o400)
+    (pki / "minion.pub").write_text(devkit.public_pem(key))
+    for master in masters:
+        accepted = pathlib.Path(master.config["pki_dir"]) / "minions" / minion.id
+        accepted.parent.mkdir(parents=True, exist_ok=True)
+        accepted.write_text(devkit.public_pem(key))
+
+
 def share_minion_key(minion_id, source, targets):
     """
     Test setup only (key sync is the formula's next job): copy the accepted key of

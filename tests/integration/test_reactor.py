@@ -117,14 +117,7 @@ def reactor_set(masters, pillar_tree):
             minion_id = control_id(index)
             pillar_tree.set(minion_id, {"multimaster": section})
             factory = start_minion(master1, minion_id, stack)
-            key = devkit.new_rsa_key()
-            pki = pathlib.Path(factory.config["pki_dir"])
-            pki.mkdir(parents=True, exist_ok=True)
-            (pki / "minion.pem").write_text(devkit.private_pem(key))
-            (pki / "minion.pem").chmod(0o400)
-            (pki / "minion.pub").write_text(devkit.public_pem(key))
-            for master in factories:
-                keytools.write_key(master, "minions", minion_id, devkit.public_pem(key))
+            harness.preaccept(factory, factories)
             control.append(factory)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda f: f.start(start_timeout=START_TIMEOUT), control))

@@ -262,3 +262,19 @@ def test_key_event_accept_propagates_the_key_this_master_holds(runner, use, stor
     assert ret["retcode"] == 1, ret
     assert fp_other in str(ret) and fp_here in str(ret)
     assert "multimaster_peer.apply_key_actions" not in client.calls
+
+
+def test_wait_masters_reports_the_masters_that_never_settled(runner, use):
+    use({"cm1": {"up": True, "restart_pending": False, "settled": True}, "cm2": {"up": False}})
+    ret = runner.wait_masters(timeout=0, interval=0)
+    assert ret["retcode"] == 1 and "not settled" in ret["comment"], ret
+    assert list(ret["masters"]) == ["m2"], ret
+
+
+def test_wait_masters_returns_once_every_master_settled(runner, use):
+    client = use(
+        {m: {"up": True, "restart_pending": False, "settled": True} for m in ("cm1", "cm2")}
+    )
+    ret = runner.wait_masters(timeout=5, interval=0)
+    assert ret["retcode"] == 0 and ret["comment"] == "every master is up", ret
+    assert client.calls == ["multimaster_peer.master_settled"]

@@ -1,0 +1,248 @@
+"""
+``salt-run state.orch multimaster.orch.add_master`` on real daemons: two hot masters, a third
+master host whose control minion is accepted on the primary and whose entry is already in
+pillar, and a hot minion pinged from master1 once a second while the orchestration runs.
+"""
+
+import contextlib
+import json
+import pathlib
+import threading
+import time
+
+import multimaster_settings
+import pytest
+import yaml
+
+from . import harness
+from .harness import START_TIMEOUT, Ports, devkit, kill_daemons_of
+from .keys import keytools
+
+pytestmark = pytest.mark.integration
+
+PREFIX = "or"
+PORTS = Ports(publish=31170, ret=31171)
+HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+HOT = "or-hot"
+# Set by the fixture: rewrites the pillar as an operator taking master3 out would.
+PILLAR = {}
+DEFAULTS = yaml.safe_load(
+    (harness.REPO_ROOT / "multimaster" / "parameters" / "defaults.yaml").read_text()
+)["values"]
+
+
+def master_id(index):
+    return f"{PREFIX}-master{index + 1}"
+
+
+def control_id(index):
+    return f"{PREFIX}-cm{index + 1}"
+
+
+@pytest.fixture(scope="module")
+def orch_set(salt_factories, tmp_path_factory):
+    """
+    master1/master2 hot with one keypair and the two-master section in master.d; master3 up
+    with its own key and no multimaster config; cm1/cm2 and the hot minion connected to
+    master1 and master2, cm3 to master1 only; every key placed before anything starts.
+    """
+    pillar_dir = tmp_path_factory.mktemp(f"{PREFIX}-pillar")
+    formula = harness.copy_formula(tmp_path_factory.mktemp(f"{PREFIX}-formula"))
+    roots = {"file_roots": {"base": [str(formula)]}, "pillar_roots": {"base": [str(pillar_dir)]}}
+    masters = [
+        salt_factories.salt_master_daemon(
+            master_id(i),
+            overrides=harness.master_overrides(host, PORTS, pillar_dir, **roots),
+            on_auth_event_callback=lambda *_: None,
+        )
+        for i, host in enumerate(HOSTS)
+    ]
+    entries = [
+        devkit.master_entry(
+            m.id, HOSTS[i], m.config_dir, minion_id=control_id(i), interface=HOSTS[i]
+        )
+        for i, m in enumerate(masters)
+    ]
+    options = {
+        "install_packages": False,
+        "manage_services": True,
+        "master": {**roots, "config": {"file_ignore_regex": harness.FILE_IGNORE_REGEX}},
+    }
+    devkit.write_multimaster_pillar(
+        pillar_dir, devkit.multimaster_section(entries, PORTS, **options)
+    )
+    # master1/master2 as multimaster.master left them when the set had two masters.
+    before = multimaster_settings.build(
+        devkit.multimaster_section(entries[:2], PORTS, **options), DEFAULTS
+    )
+    for index, factory in enumerate(masters[:2]):
+        devkit.write_config(
+            pathlib.Path(factory.config_dir) / "master.d" / "multimaster.conf",
+            multimaster_settings.master_config(before, before["masters"][index]),
+        )
+    with contextlib.ExitStack() as stack:
+        for factory in masters:
+            stack.callback(kill_daemons_of, factory.config_dir)
+            stack.callback(factory.terminate)
+        masters[0].start(start_timeout=START_TIMEOUT)
+        harness.copy_master_keypair(masters[0], masters[1])
+        masters[1].start(start_timeout=START_TIMEOUT)
+        masters[2].start(start_timeout=START_TIMEOUT)
+        minions = []
+        for minion_id, hosts in [
+            (control_id(0), HOSTS[:2]),
+            (control_id(1), HOSTS[:2]),
+            (control_id(2), HOSTS[:1]),
+            (HOT, HOSTS[:2]),
+        ]:
+            overrides = harness.minion_overrides(hosts[0], PORTS, master=list(hosts))
+            factory = masters[0].salt_minion_daemon(minion_id, overrides=overrides)
+            stack.callback(kill_daemons_of, factory.config_dir)
+            stack.callback(factory.terminate)
+            harness.preaccept(factory, masters[: len(hosts)])
+            factory.start(start_timeout=START_TIMEOUT)
+            minions.append(factory)
+        ret = keytools.run_cli("salt", masters[0].config_dir, "--static", "*", "saltutil.sync_all")
+        assert ret.returncode == 0, ret
+        ret = keytools.run_cli("salt-run", masters[0].config_dir, "saltutil.sync_all")
+        assert ret.returncode == 0, ret
+        PILLAR["without_master3"] = lambda: devkit.write_multimaster_pillar(
+            pillar_dir, devkit.multimaster_section(entries[:2], PORTS, **options)
+        )
+        yield masters, minions
+
+
+def failed_steps(ret):
+    """
+    ``{step id: what it returned}`` of the orchestration steps that failed (for the message).
+    """
+    steps = {}
+    for doc in devkit.json_docs(ret.stdout):
+        for states in (doc.get("data") or {}).values() if isinstance(doc, dict) else []:
+            for key, step in (states or {}).items() if isinstance(states, dict) else []:
+                if isinstance(step, dict) and step.get("result") is False:
+                    steps[key.split("_|-")[1]] = str(step.get("changes") or step.get("comment"))[
+                        :3000
+                    ]
+    return steps or ret.stdout[-3000:]
+
+
+def pings(master, stop, record):
+    """
+    ``salt <hot minion> test.ping`` through ``master`` once a second until ``stop`` is set.
+    """
+    while not stop.is_set():
+        began = time.monotonic()
+        ret = keytools.run_cli(
+            "salt", master.config_dir, "--timeout=5", HOT, "test.ping", timeout=60
+        )
+        record.append(ret.returncode == 0 and (ret.data or {}).get(HOT) is True)
+        stop.wait(max(0.0, 1.0 - (time.monotonic() - began)))
+
+
+def test_add_master_brings_in_master3(orch_set, record_property):
+    """
+    The orchestration succeeds while a hot minion is pinged from master1 once a second (the
+    misses are printed and recorded: master1 restarts once, for its peer_run, and the minion
+    restarts once, for its master list); afterwards every minion answers master3, the
+    orchestration's own status step and a later one are clean, and a re-run succeeds.
+    """
+    masters, minions = orch_set
+    master1, _, master3 = masters
+    record, stop = [], threading.Event()
+    pinger = threading.Thread(target=pings, args=(master1, stop, record), daemon=True)
+    pinger.start()
+    try:
+        ret = keytools.run_cli(
+            "salt-run", master1.config_dir, "state.orch", "multimaster.orch.add_master",
+            "pillar=" + json.dumps({"multimaster_new": master3.id}), timeout=900,
+        )  # fmt: skip
+    finally:
+        stop.set()
+        pinger.join()
+    print(f"\nadd_master: {len(record)} pings from master1, {record.count(False)} missed")
+    record_property("pings_missed", f"{record.count(False)}/{len(record)}")
+    assert ret.returncode == 0, failed_steps(ret)
+    for minion in minions:
+        harness.wait_for_ping(master3.salt_cli(), minion.id, timeout=120)
+    ret = keytools.run_cli("salt-run", master1.config_dir, "multimaster.status")
+    assert ret.returncode == 0, ret
+    assert ret.data["same_master_key"] and ret.data["keys_equal"] and ret.data["roots_equal"]
+    assert set(ret.data["masters"]) == {m.id for m in masters}
+
+
+def test_add_master_again_changes_nothing(orch_set):
+    """
+    Safe to re-run: the second run succeeds and restarts no master.
+    """
+    masters, _ = orch_set
+    master1, _, master3 = masters
+    pids = keytools.master_pids(masters)
+    ret = keytools.run_cli(
+        "salt-run", master1.config_dir, "state.orch", "multimaster.orch.add_master",
+        "pillar=" + json.dumps({"multimaster_new": master3.id}), timeout=900,
+    )  # fmt: skip
+    assert ret.returncode == 0, failed_steps(ret)
+    assert keytools.master_pids(masters) == pids
+
+
+def test_add_master_test_mode_changes_nothing(orch_set):
+    """
+    ``test=True``: the states run as a dry run, no config file changes, no daemon restarts.
+    """
+    masters, minions = orch_set
+    master1, _, master3 = masters
+    confs = [pathlib.Path(d.config_dir) / "master.d" / "multimaster.conf" for d in masters]
+    confs += [pathlib.Path(d.config_dir) / "minion.d" / "multimaster.conf" for d in minions]
+    before = ({c: c.read_bytes() for c in confs}, keytools.master_pids(masters))
+    ret = keytools.run_cli(
+        "salt-run", master1.config_dir, "state.orch", "multimaster.orch.add_master",
+        "pillar=" + json.dumps({"multimaster_new": master3.id}), "test=True", timeout=900,
+    )  # fmt: skip
+    assert ret.returncode == 0, ret
+    assert "would be executed" in ret.stdout, ret
+    assert ({c: c.read_bytes() for c in confs}, keytools.master_pids(masters)) == before
+
+
+def test_add_master_refuses_an_unknown_or_primary_master(orch_set):
+    masters, _ = orch_set
+    master1 = masters[0]
+    for new in ("or-master9", master1.id):
+        ret = keytools.run_cli(
+            "salt-run", master1.config_dir, "state.orch", "multimaster.orch.add_master",
+            "pillar=" + json.dumps({"multimaster_new": new}), timeout=300,
+        )  # fmt: skip
+        assert ret.returncode != 0, ret
+        assert "expected the id of a master listed in" in ret.stdout and new in ret.stdout, ret
+
+
+def test_remove_master_takes_master3_out_everywhere(orch_set):
+    """
+    master3 taken out of pillar: remove_master re-points every minion at master1/master2 only,
+    drops master3 from the remaining masters' section, stops master3, and status is clean.
+    """
+    masters, minions = orch_set
+    master1, _, master3 = masters
+    PILLAR["without_master3"]()
+    pillar = {
+        "multimaster_remove": master3.id,
+        "multimaster_remove_minion_id": control_id(2),
+        "multimaster_remove_config_dir": str(master3.config_dir),
+        "multimaster_stop": True,
+    }
+    ret = keytools.run_cli(
+        "salt-run", master1.config_dir, "state.orch", "multimaster.orch.remove_master",
+        "pillar=" + json.dumps(pillar), timeout=900,
+    )  # fmt: skip
+    assert ret.returncode == 0, failed_steps(ret)
+    for minion in minions:
+        conf = pathlib.Path(minion.config_dir) / "minion.d" / "multimaster.conf"
+        assert yaml.safe_load(conf.read_text())["master"] == list(HOSTS[:2]), minion.id
+    for master in masters[:2]:
+        conf = pathlib.Path(master.config_dir) / "master.d" / "multimaster.conf"
+        section = yaml.safe_load(conf.read_text())["multimaster"]
+        assert [m["id"] for m in section["masters"]] == [m.id for m in masters[:2]]
+    assert keytools.master_pids([master3]) == {master3.id: None}
+    ret = keytools.run_cli("salt-run", master1.config_dir, "multimaster.status")
+    assert ret.returncode == 0, ret
+    assert set(ret.data["masters"]) == {m.id for m in masters[:2]}
