@@ -81,9 +81,10 @@ def daemon_extra(request):
 
 class PrimaryAcceptor(KeyAcceptor):
     """
-    Auth-event callback for the masters: the first key a fixture's minion submits to master1 is
-    accepted there with ``salt-key -a ID -y``, once. Later submissions (a deleted minion that
-    re-submits its key) and every other master are left alone: acceptance is what we test.
+    Auth-event callback for the masters: the key a fixture's minion submits to master1 is
+    accepted there with ``salt-key -a ID -y`` while the fixture starts it. Later submissions (a
+    deleted minion that re-submits its key) and every other master are left alone: acceptance
+    is what we test.
     """
 
     def __init__(self, primary_id):
@@ -92,12 +93,12 @@ class PrimaryAcceptor(KeyAcceptor):
 
     def wants(self, master, minion_id):
         """
-        Only on master1, and only the first submission of an expected id.
+        Only on master1, and as often as it is reported pending while the fixture starting that
+        minion waits for it: a submission the minion retried while ``salt-key -a`` ran can put
+        the key back to pending (Salt 3008's ``localfs_key.store`` clears every state dir before
+        it writes), and then it must be accepted again.
         """
-        if master.id != self.primary_id or minion_id not in self.expected:
-            return False
-        self.expected.discard(minion_id)
-        return True
+        return master.id == self.primary_id and minion_id in self.expected
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +215,10 @@ def key_cluster(key_masters, prefix, ports, daemon_extra, key_acceptor, cleanup)
         created.append(factory)
         if accept:
             key_acceptor.expect(minion_id)
-        factory.start(start_timeout=START_TIMEOUT)
+        try:
+            factory.start(start_timeout=START_TIMEOUT)
+        finally:
+            key_acceptor.expected.discard(minion_id)
         started.append(factory)
         return factory
 
