@@ -75,8 +75,8 @@ def _on_disk():
     return __opts__
 
 
-def _section(masters=None):
-    section = dict(_on_disk().get("multimaster") or {})
+def _section(masters=None, opts=None):
+    section = dict((opts or _on_disk()).get("multimaster") or {})
     if masters is not None:
         section["masters"] = masters
     if not section.get("masters"):
@@ -1111,8 +1111,8 @@ def sync_roots(roots="both", test=False, timeout=300):
     try:
         if roots not in _ROOT_CHOICES:
             raise Refused(f"roots={roots!r}: expected one of file, pillar, both")
-        section = _section()
         current = _on_disk()
+        section = _section(opts=current)
         kinds, notes = multimaster_roots.synced_kinds(current, _ROOT_CHOICES[roots])
         if not kinds:
             return _finish({"masters": {}, "comment": "; ".join(notes)}, False)

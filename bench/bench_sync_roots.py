@@ -64,8 +64,8 @@ def make_tree(root, files, total_mb, seed=7):
 def prepare(files, total_mb):
     def run():
         make_tree(LAB.path("master1", "tree"), files, total_mb)
-        LAB.copy_formula(LAB.path("master1", "formula"))
-        LAB.copy_formula(LAB.path("master2", "formula"))
+        devkit.copy_formula(LAB.path("master1", "formula"))
+        devkit.copy_formula(LAB.path("master2", "formula"))
         for directory in (LAB.path("master2", "tree"), LAB.path("master2", "pillar")):
             os.makedirs(directory)
 

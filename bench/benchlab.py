@@ -16,8 +16,6 @@ sys.path.insert(0, ROOT)
 
 from tests.support import devkit  # noqa: E402
 
-FORMULA_PARTS = ("multimaster", "_modules", "_runners", "_states", "_utils")
-
 
 def timed(fn):
     """
@@ -160,10 +158,6 @@ class BenchLab:
             log_file=self.path(f"{mid}-minion", "minion.log"),
         )
 
-    def copy_formula(self, target):
-        for part in FORMULA_PARTS:
-            shutil.copytree(os.path.join(ROOT, part), os.path.join(target, part))
-
     def _pidfiles(self):
         for dirpath, _, files in os.walk(self.run_dir):
             for name in files:
@@ -197,7 +191,7 @@ class BenchLab:
         """
         self.stop_all()
         shutil.rmtree(self.run_dir, ignore_errors=True)
-        self.copy_formula(self.path("formula"))
+        devkit.copy_formula(self.path("formula"))
         devkit.write_multimaster_pillar(self.path("pillar"), self.section())
         for mid, ip in self.masters:
             devkit.write_config(self.path(mid, "master"), self.master_config(mid, ip))
@@ -217,7 +211,7 @@ class BenchLab:
                 "the primary's key", lambda: os.path.exists(self.pki(primary) + "/master.pub")
             )
             for mid, _ in self.masters[1:]:
-                self.share_master_key(mid)
+                devkit.copy_master_keypair(self.pki(primary), self.pki(mid))
         for mid, _ in self.masters[1:]:
             self.cli("salt-master", mid, "-d")
         for mid, _ in self.masters:
@@ -235,19 +229,6 @@ class BenchLab:
             lambda: self.ping().stdout.count("True") == len(self.masters),
         )
         self.cli("salt", primary, "*", "saltutil.sync_all", "-t", "60")
-
-    def share_master_key(self, mid):
-        """
-        Give master ``mid`` (not started yet) the primary's keypair, as regular files: Salt
-        moves them to ``<id>.pem/.pub`` on first start.
-        """
-        source, target = self.pki(self.masters[0][0]), self.pki(mid)
-        os.makedirs(target, exist_ok=True)
-        for name, mode in (("master.pem", 0o400), ("master.pub", 0o644)):
-            shutil.copyfile(
-                os.path.realpath(os.path.join(source, name)), os.path.join(target, name)
-            )
-            os.chmod(os.path.join(target, name), mode)
 
     def control_minion_pid(self, mid):
         return devkit.read_pid(self.path(f"{mid}-minion", "var", "run", "salt-minion.pid"))

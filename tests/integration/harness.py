@@ -32,17 +32,9 @@ MASTER_HOSTS = ("127.0.0.2", "127.0.0.3")
 START_TIMEOUT = 90
 # Keep the repo's own tooling out of the file server: only the formula is meant to be served.
 FILE_IGNORE_REGEX = [r"^\.venv(/|$)", r"^\.git(/|$)", r"(^|/)__pycache__(/|$)", r"^lab/run(/|$)"]
-# What a user puts on file_roots: the formula, not the whole checkout.
-FORMULA_PARTS = ("multimaster", "_modules", "_runners", "_states", "_utils")
 
 
-def copy_formula(dest):
-    """
-    Copy the formula's parts into ``dest`` (a ``file_roots`` dir of its own) and return it.
-    """
-    for part in FORMULA_PARTS:
-        shutil.copytree(REPO_ROOT / part, dest / part, dirs_exist_ok=True)
-    return dest
+copy_formula = devkit.copy_formula
 
 
 def master_overrides(host, ports, pillar_dir, serve_repo=True, **extra):
@@ -109,18 +101,9 @@ class KeyAcceptor:
 
 def copy_master_keypair(source, target):
     """
-    Give ``target`` (not started yet) the master keypair of ``source``: the content behind
-    ``master.pem``/``master.pub`` (symlinks to ``<id>.pem/.pub`` in 3008) as regular files.
-    Salt migrates them to ``<target id>.pem/.pub`` on first start.
+    Give factory ``target`` (not started yet) the master keypair of factory ``source``.
     """
-    src_dir = pathlib.Path(source.config["pki_dir"])
-    dst_dir = pathlib.Path(target.config["pki_dir"])
-    dst_dir.mkdir(parents=True, exist_ok=True)
-    for name, mode in (("master.pem", 0o400), ("master.pub", 0o644)):
-        dst = dst_dir / name
-        dst.unlink(missing_ok=True)
-        shutil.copyfile((src_dir / name).resolve(), dst)
-        dst.chmod(mode)
+    devkit.copy_master_keypair(source.config["pki_dir"], target.config["pki_dir"])
 
 
 def preaccept(minion, masters):

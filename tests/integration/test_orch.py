@@ -24,8 +24,6 @@ PREFIX = "or"
 PORTS = Ports(publish=31170, ret=31171)
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 HOT = "or-hot"
-# Set by the fixture: rewrites the pillar as an operator taking master3 out would.
-PILLAR = {}
 DEFAULTS = yaml.safe_load(
     (harness.REPO_ROOT / "multimaster" / "parameters" / "defaults.yaml").read_text()
 )["values"]
@@ -106,24 +104,28 @@ def orch_set(salt_factories, tmp_path_factory):
         assert ret.returncode == 0, ret
         ret = keytools.run_cli("salt-run", masters[0].config_dir, "saltutil.sync_all")
         assert ret.returncode == 0, ret
-        PILLAR["without_master3"] = lambda: devkit.write_multimaster_pillar(
-            pillar_dir, devkit.multimaster_section(entries[:2], PORTS, **options)
-        )
-        yield masters, minions
+
+        def drop_master3():
+            # The pillar as an operator taking master3 out leaves it.
+            devkit.write_multimaster_pillar(
+                pillar_dir, devkit.multimaster_section(entries[:2], PORTS, **options)
+            )
+
+        yield masters, minions, drop_master3
 
 
 def failed_steps(ret):
     """
     ``{step id: what it returned}`` of the orchestration steps that failed (for the message).
     """
-    steps = {}
-    for doc in devkit.json_docs(ret.stdout):
-        for states in (doc.get("data") or {}).values() if isinstance(doc, dict) else []:
-            for key, step in (states or {}).items() if isinstance(states, dict) else []:
-                if isinstance(step, dict) and step.get("result") is False:
-                    steps[key.split("_|-")[1]] = str(step.get("changes") or step.get("comment"))[
-                        :3000
-                    ]
+    docs = [doc for doc in devkit.json_docs(ret.stdout) if isinstance(doc, dict)]
+    steps = {
+        step.get("__id__"): str(step.get("changes") or step.get("comment"))[:3000]
+        for doc in docs
+        for states in (doc.get("data") or {}).values()
+        for step in (states.values() if isinstance(states, dict) else ())
+        if isinstance(step, dict) and step.get("result") is False
+    }
     return steps or ret.stdout[-3000:]
 
 
@@ -147,7 +149,7 @@ def test_add_master_brings_in_master3(orch_set, record_property):
     restarts once, for its master list); afterwards every minion answers master3, the
     orchestration's own status step and a later one are clean, and a re-run succeeds.
     """
-    masters, minions = orch_set
+    masters, minions, _ = orch_set
     master1, _, master3 = masters
     record, stop = [], threading.Event()
     pinger = threading.Thread(target=pings, args=(master1, stop, record), daemon=True)
@@ -175,7 +177,7 @@ def test_add_master_again_changes_nothing(orch_set):
     """
     Safe to re-run: the second run succeeds and restarts no master.
     """
-    masters, _ = orch_set
+    masters, _, _ = orch_set
     master1, _, master3 = masters
     pids = keytools.master_pids(masters)
     ret = keytools.run_cli(
@@ -190,7 +192,7 @@ def test_add_master_test_mode_changes_nothing(orch_set):
     """
     ``test=True``: the states run as a dry run, no config file changes, no daemon restarts.
     """
-    masters, minions = orch_set
+    masters, minions, _ = orch_set
     master1, _, master3 = masters
     confs = [pathlib.Path(d.config_dir) / "master.d" / "multimaster.conf" for d in masters]
     confs += [pathlib.Path(d.config_dir) / "minion.d" / "multimaster.conf" for d in minions]
@@ -205,7 +207,7 @@ def test_add_master_test_mode_changes_nothing(orch_set):
 
 
 def test_add_master_refuses_an_unknown_or_primary_master(orch_set):
-    masters, _ = orch_set
+    masters, _, _ = orch_set
     master1 = masters[0]
     for new in ("or-master9", master1.id):
         ret = keytools.run_cli(
@@ -221,9 +223,9 @@ def test_remove_master_takes_master3_out_everywhere(orch_set):
     master3 taken out of pillar: remove_master re-points every minion at master1/master2 only,
     drops master3 from the remaining masters' section, stops master3, and status is clean.
     """
-    masters, minions = orch_set
+    masters, minions, drop_master3 = orch_set
     master1, _, master3 = masters
-    PILLAR["without_master3"]()
+    drop_master3()
     pillar = {
         "multimaster_remove": master3.id,
         "multimaster_remove_minion_id": control_id(2),

@@ -21,6 +21,7 @@ import functools
 import json
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -143,6 +144,36 @@ def stop_pids(pids, timeout=30):
 
 
 # --- keys ------------------------------------------------------------------------------------
+
+
+# What a user puts on file_roots: the formula, not the whole checkout.
+FORMULA_PARTS = ("multimaster", "_modules", "_runners", "_states", "_utils")
+
+
+def copy_formula(dest):
+    """
+    Copy the formula's parts into ``dest`` (a ``file_roots`` dir of its own) and return it.
+    """
+    dest = pathlib.Path(dest)
+    for part in FORMULA_PARTS:
+        shutil.copytree(REPO_ROOT / part, dest / part, dirs_exist_ok=True)
+    return dest
+
+
+def copy_master_keypair(source_pki, target_pki):
+    """
+    Give the master of ``target_pki`` (not started yet) the keypair of the master of
+    ``source_pki``: the content behind ``master.pem``/``master.pub`` (symlinks to
+    ``<id>.pem/.pub`` in 3008) as regular files. Salt moves them to ``<target id>.pem/.pub`` on
+    first start.
+    """
+    source, target = pathlib.Path(source_pki), pathlib.Path(target_pki)
+    target.mkdir(parents=True, exist_ok=True)
+    for name, mode in (("master.pem", 0o400), ("master.pub", 0o644)):
+        dst = target / name
+        dst.unlink(missing_ok=True)
+        dst.write_bytes((source / name).resolve().read_bytes())
+        dst.chmod(mode)
 
 
 def new_rsa_key(bits=2048, exponent=65537):
