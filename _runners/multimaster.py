@@ -112,6 +112,19 @@ def _ids(section):
     return [m["id"] for m in section["masters"]]
 
 
+def _id_list(value, name):
+    """
+    ``value`` (None, a comma-separated string or a list of strings) as a list of ids.
+    """
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise Refused(f"{name}: got {value!r}; expected a master id or a list of master ids")
+
+
 def _by_id(section):
     return {m["id"]: m for m in section["masters"]}
 
@@ -488,11 +501,16 @@ def delete(minion, fingerprint=None, test=False, masters=None, timeout=60):
 # --- orchestration ---------------------------------------------------------------------------
 
 
-def wait_masters(timeout=180, interval=1):
+def wait_masters(timeout=180, interval=1, skip=None):
     """
     Wait until every master is up with no restart pending: what the orchestrations run after a
     step that may restart masters (``multimaster.master`` restarts a master once the job that
     changed its config has returned). Rides out a restart of this master itself.
+
+    skip
+        Ids of masters not to wait for (a comma-separated string or a list): the one being
+        removed, whose control minion no longer finds itself in pillar. Ids this master's
+        section does not list are ignored, so a re-run after the section dropped it still works.
 
     timeout
         Seconds to wait in all.
@@ -505,13 +523,15 @@ def wait_masters(timeout=180, interval=1):
     .. code-block:: bash
 
         salt-run multimaster.wait_masters timeout=120
+        salt-run multimaster.wait_masters skip=master3
     """
     try:
         section = _section()
+        skipped = set(_id_list(skip, "skip"))
     except SaltInvocationError as exc:
         return _refused(exc)
     start = time.monotonic()
-    waiting, last = _ids(section), {}
+    waiting, last = [m for m in _ids(section) if m not in skipped], {}
     while True:
         try:
             answers, errors = _call(section, waiting, "master_settled", {}, 10)

@@ -30,6 +30,16 @@ multimaster-orch-remove-master-minions-configured:
     - batch: {{ batch | json }}
     - failhard: true
 
+{#- The control minions restart after their multimaster.minion job returned; the removed
+    master's own no longer finds itself in pillar. #}
+multimaster-orch-remove-master-minions-settled:
+  salt.runner:
+    - name: multimaster.wait_masters
+    - skip: [{{ gone | json }}]
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-remove-master-minions-configured
+
 multimaster-orch-remove-master-masters-configured:
   salt.state:
     - tgt: {{ mapdata.masters | map(attribute="minion_id") | list | json }}
@@ -37,7 +47,7 @@ multimaster-orch-remove-master-masters-configured:
     - sls: multimaster.master
     - failhard: true
     - require:
-      - salt: multimaster-orch-remove-master-minions-configured
+      - salt: multimaster-orch-remove-master-minions-settled
 
 multimaster-orch-remove-master-masters-settled:
   salt.runner:

@@ -278,3 +278,17 @@ def test_wait_masters_returns_once_every_master_settled(runner, use):
     ret = runner.wait_masters(timeout=5, interval=0)
     assert ret["retcode"] == 0 and ret["comment"] == "every master is up", ret
     assert client.calls == ["multimaster_peer.master_settled"]
+
+
+def test_wait_masters_leaves_out_a_skipped_master(runner, use):
+    # m2's control minion (the master being removed) no longer answers for a master
+    use({"cm1": {"up": True, "restart_pending": False, "settled": True}, "cm2": "not a master"})
+    assert runner.wait_masters(timeout=0, interval=0)["retcode"] == 1
+    ret = runner.wait_masters(timeout=0, interval=0, skip="m2,gone-already")
+    assert ret["retcode"] == 0 and ret["comment"] == "every master is up", ret
+
+
+def test_wait_masters_refuses_a_skip_that_is_not_ids(runner, use):
+    use({})
+    ret = runner.wait_masters(timeout=0, interval=0, skip={"m2": 1})
+    assert ret["retcode"] == 1 and "skip: got {'m2': 1}" in ret["comment"], ret
