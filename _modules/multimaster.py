@@ -14,6 +14,7 @@ import socket
 import time
 
 import salt.config
+import salt.runner
 import salt.utils.files
 from salt.exceptions import CommandExecutionError
 
@@ -313,6 +314,39 @@ def restart_master_now(service="salt-master", timeout=90):
     if not multimaster_daemon.wait_port(host, int(mopts["ret_port"]), float(timeout)):
         raise CommandExecutionError(f"salt-master did not listen on {host} after the restart")
     return stopped["service"] or "daemon"
+
+
+def sync_master_modules(restart=True, service="salt-master"):
+    """
+    ``salt-run saltutil.sync_all`` for this host's salt-master (the master whose control minion
+    this is): the custom runners, utils ... of its own file_roots into its extension_modules.
+    When that changed anything and the master runs, it is restarted once this job has returned:
+    Salt's reactor keeps the runners it loaded at start, so a master whose reactors call the
+    formula's runners needs them before it starts. What ``multimaster.orch.add_master`` runs on
+    a new master once ``sync_roots`` has filled its roots.
+
+    restart
+        False: sync only.
+
+    service
+        The systemd unit name, used when the master runs as that unit.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master3 multimaster.sync_master_modules
+    """
+    master = _this_master()
+    mopts = multimaster_keystore.master_opts(master["config_dir"])
+    synced = salt.runner.RunnerClient(mopts).cmd("saltutil.sync_all", print_event=False)
+    if not isinstance(synced, dict):
+        raise CommandExecutionError(f"saltutil.sync_all on {master['id']} failed: {synced}")
+    changed = {form: names for form, names in synced.items() if names}
+    ret = {"synced": changed}
+    if changed and restart:
+        ret["restart"] = restart_master(service)
+    return ret
 
 
 def _first_highstate_mark():

@@ -66,6 +66,16 @@ multimaster-orch-add-master-{{ step | replace("_", "-") }}:
     - require:
       - salt: multimaster-orch-add-master-masters-settled
 {%-   endfor %}
+
+{#- Its reactors call the formula's runners: they come with its roots, and load at a restart. #}
+multimaster-orch-add-master-new-master-modules-synced:
+  salt.function:
+    - name: multimaster.sync_master_modules
+    - tgt: [{{ new.minion_id | json }}]
+    - tgt_type: list
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-sync-roots
 {%-   if others %}
 
 multimaster-orch-add-master-other-masters-configured:
@@ -85,6 +95,7 @@ multimaster-orch-add-master-minions-configured:
     - batch: {{ batch | json }}
     - failhard: true
     - require:
+      - salt: multimaster-orch-add-master-new-master-modules-synced
       - salt: multimaster-orch-add-master-{{ "other-masters-configured" if others else "sync-keys" }}
 
 multimaster-orch-add-master-masters-settled-again:

@@ -118,13 +118,10 @@ def failed_steps(ret):
     """
     ``{step id: what it returned}`` of the orchestration steps that failed (for the message).
     """
-    docs = [doc for doc in devkit.json_docs(ret.stdout) if isinstance(doc, dict)]
     steps = {
-        step.get("__id__"): str(step.get("changes") or step.get("comment"))[:3000]
-        for doc in docs
-        for states in (doc.get("data") or {}).values()
-        for step in (states.values() if isinstance(states, dict) else ())
-        if isinstance(step, dict) and step.get("result") is False
+        step["__id__"]: str(step.get("changes") or step.get("comment"))[:3000]
+        for step in devkit.orch_steps(ret.stdout)
+        if step.get("result") is False
     }
     return steps or ret.stdout[-3000:]
 
@@ -171,6 +168,12 @@ def test_add_master_brings_in_master3(orch_set, record_property):
     assert ret.returncode == 0, ret
     assert ret.data["same_master_key"] and ret.data["keys_equal"] and ret.data["roots_equal"]
     assert set(ret.data["masters"]) == {m.id for m in masters}
+    # master3's reactors can call the formula's runners.
+    extmods = pathlib.Path(
+        master3.config.get("extension_modules")
+        or pathlib.Path(master3.config["cachedir"]) / "extmods"
+    )
+    assert (extmods / "runners" / "multimaster.py").is_file()
 
 
 def test_add_master_again_changes_nothing(orch_set):

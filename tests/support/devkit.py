@@ -407,3 +407,19 @@ def json_docs(text):
             pos = nl + 1
             continue
         docs.append(doc)
+
+
+def orch_steps(text):
+    """
+    The step returns (dicts with ``__id__``, ``result``, ``comment``, ``duration`` ...) of a
+    ``salt-run state.orch ... --out=json`` output ``text``, in run order.
+    """
+    steps = [
+        step
+        for doc in json_docs(text)
+        if isinstance(doc, dict)
+        for states in (doc.get("data") or {}).values()
+        for step in (states.values() if isinstance(states, dict) else ())
+        if isinstance(step, dict) and "__id__" in step
+    ]
+    return sorted(steps, key=lambda step: step.get("__run_num__", 0))
