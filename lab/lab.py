@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
 """
-The multimaster demo lab: two salt-masters, their control minions and two plain minions on
-loopback, configured by the formula's own states, entirely inside lab/run/ (nothing in /etc, no
-system services).
+The multimaster demo lab: salt-masters, their control minions and plain minions on loopback,
+configured by the formula's own states, entirely inside lab/run/ (nothing in /etc, no system
+services).
 
 Commands:
 
-  demo   (default) build the lab, show test.ping answered from each master, stop master1, time
-         how long the failover minion takes to answer from master2, print a report with timings,
-         then stop every daemon.
-  up     build the lab the same way and leave it running for exploration, e.g.
+  demo   (default) build the lab, show test.ping answered from each master, the key reactor,
+         a new minion's one first highstate, add_master bringing in master3, then stop master1
+         and time how long the failover minion takes to answer from another master; print a
+         report with timings, then stop every daemon.
+  up     the same without the failover, leaving the lab running for exploration, e.g.
              .venv/bin/salt -c lab/run/master1 '*' test.ping
-             .venv/bin/salt -c lab/run/master2 '*' multimaster.active_master
+             .venv/bin/salt -c lab/run/master3 '*' multimaster.active_master
              .venv/bin/salt-key -c lab/run/master2 -L
          (lab/run/<host>/ is that host's /etc/salt; logs are in lab/run/<host>/log/).
   down   stop every lab daemon and remove lab/run/.
@@ -21,17 +22,23 @@ The lab:
   host      daemons                          address    role
   master1   salt-master + control minion     127.0.0.2  primary master
   master2   salt-master + control minion     127.0.0.3  second master, added by the formula
-  minion1   salt-minion                      -          hot: connected to both masters
+  master3   salt-master + control minion     127.0.0.4  third master, added by add_master
+  minion1   salt-minion                      -          hot: connected to every master
   minion2   salt-minion                      -          failover: one master at a time
+  minion3   salt-minion                      -          hot, new: its one first highstate
 
-Both masters use publish port 24505 and ret port 24506. Every minion starts knowing only
-master1; the formula (delivered through master1's file_roots = this checkout, synced with
+Every master uses publish port 24505 and ret port 24506. The first four minions start knowing
+only master1; the formula (delivered through master1's file_roots = this checkout, synced with
 saltutil.sync_all) configures master2; master2 starts with a key of its own;
-``salt-run multimaster.sync_master_key`` gives it master1's (sealed, restart, verified) and
-``salt-run multimaster.sync_keys`` the accepted minion keys; ``multimaster.status`` is shown
-before and after; then the formula re-points every minion at both masters. Finally a key
-accepted with ``salt-key -a`` on master2 reaches master1 through master2's key reactor
-(``multimaster:reactor:keys``), timed.
+``salt-run multimaster.sync_master_key`` gives it master1's (sealed, restart, verified),
+``salt-run multimaster.sync_keys`` the accepted minion keys and ``sync_roots`` master1's roots;
+``multimaster.status`` is shown before and after; then the formula re-points every minion at
+both masters. A key accepted with ``salt-key -a`` on master2 reaches master1 through master2's
+key reactor (``multimaster:reactor:keys``), timed. minion3 starts knowing both masters, is
+accepted on master1 only, and runs exactly one highstate (``multimaster:reactor:
+first_highstate``; lab/salt/ holds the top file and the demo state), none after a restart.
+master3 joins with ``salt-run state.orch multimaster.orch.add_master`` while master1 pings
+minion1 once a second.
 
 Run it with the virtualenv's Python (``make demo`` / ``make down``): the Salt CLIs are taken from
 the directory of that interpreter.
@@ -40,12 +47,14 @@ the directory of that interpreter.
 import argparse
 import concurrent.futures
 import contextlib
+import json
 import os
 import pwd
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -64,7 +73,10 @@ RUN = REPO / "lab" / "run"
 PILLAR = RUN / "pillar"
 
 PORTS = devkit.Ports(publish=24505, ret=24506)
-MASTERS = {"master1": "127.0.0.2", "master2": "127.0.0.3"}
+MASTERS = {"master1": "127.0.0.2", "master2": "127.0.0.3", "master3": "127.0.0.4"}
+# The set the lab builds first; master3 joins it later through multimaster.orch.add_master.
+FIRST_SET = ("master1", "master2")
+NEW_MASTER = "master3"
 # Minion id -> the role the demo gives it. master1/master2 are the masters' control minions.
 MINIONS = {
     "master1": "control, hot",
@@ -72,17 +84,26 @@ MINIONS = {
     "minion1": "hot",
     "minion2": "failover",
 }
+# Minions that start later: a new hot minion (its one first highstate) and master3's control
+# minion; both know the set of their day from their first start, as a bootstrap leaves them.
+NEW_MINION = "minion3"
+LATE_MINIONS = {NEW_MINION: "hot, new", NEW_MASTER: "control, hot"}
+ALL_MINIONS = {**MINIONS, **LATE_MINIONS}
 FAILOVER_MINION = "minion2"
+PINGED_MINION = "minion1"
 ALIVE_INTERVAL = 5
 # file_roots is this checkout, which also holds .venv/, lab/run/, bench/run/ (private keys!):
 # serve only the formula (multimaster/ and the _modules/, _states/ ... dirs). Salt matches these
 # against relative paths when listing files and against absolute paths when serving one.
 # master2's own file_roots (filled by sync_roots) live under lab/run/ too: its files are served.
-_FORMULA_PARTS = r"(?!(multimaster|_[a-z_]+)(/|$))"
-_MASTER2_FILES = r"(?!lab/run/master2/srv/salt/)"
+# The lab's own states (lab/salt: a top file and the demo's highstate) are a second path of
+# base, and the other masters' own roots live under lab/run/<host>/srv/: their files are served.
+LAB_STATES = REPO / "lab" / "salt"
+_SERVED = r"(?!(multimaster|_[a-z_]+|lab_demo|top\.sls)(/|$))"
+_LAB_ROOTS = r"(?!lab/salt/)(?!lab/run/master[0-9]+/srv/)"
 FILE_IGNORE_REGEX = [
-    rf"^(?!/){_FORMULA_PARTS}",
-    rf"^{re.escape(str(REPO))}/{_FORMULA_PARTS}{_MASTER2_FILES}",
+    rf"^(?!/){_SERVED}",
+    rf"^{re.escape(str(REPO))}/{_SERVED}{_LAB_ROOTS}",
 ]
 
 # Bounds for every wait (seconds). Generous: this must pass on a busy 2-core machine.
@@ -93,6 +114,9 @@ KEY_PENDING_TIMEOUT = 60
 # first contact leaves it).
 NEWCOMER = "newcomer1"
 REACTOR_TIMEOUT = 60
+# How long the demo watches for a second highstate after the new minion restarts.
+REACTION_GRACE = 5
+ORCH_TIMEOUT = 900
 PING_TIMEOUT = 120
 STATE_TIMEOUT = 300
 FAILOVER_TIMEOUT = 8 * ALIVE_INTERVAL + 60
@@ -155,7 +179,7 @@ def minion(name):
 
 def all_daemons():
     """Every daemon the lab can run, masters first."""
-    return [master(name) for name in MASTERS] + [minion(name) for name in MINIONS]
+    return [master(name) for name in MASTERS] + [minion(name) for name in ALL_MINIONS]
 
 
 # --------------------------------------------------------------------------------------------
@@ -381,20 +405,27 @@ def master_options(name):
 
 
 def roots_options():
-    """file_roots = this checkout (the formula, as a user adds it), pillar_roots = lab pillar."""
+    """
+    file_roots = this checkout (the formula, as a user adds it) and the lab's states,
+    pillar_roots = lab pillar.
+    """
     return {
-        "file_roots": {"base": [str(REPO)]},
+        "file_roots": {"base": [str(REPO), str(LAB_STATES)]},
         "pillar_roots": {"base": [str(PILLAR)]},
         "file_ignore_regex": FILE_IGNORE_REGEX,
     }
 
 
 def minion_options(name):
-    """Base config of a lab minion: it knows only master1 until the formula says otherwise."""
+    """
+    Base config of a lab minion: the first four know only master1 until the formula says
+    otherwise; the new hot minion knows the first set (master3's control minion: master1).
+    """
+    known = [MASTERS[m] for m in FIRST_SET] if name == NEW_MINION else MASTERS["master1"]
     options = daemon_options(minion(name))
     options.update(
         devkit.loopback_minion(
-            MASTERS["master1"],
+            known,
             PORTS,
             # Lab pace: retry auth every 2s while the key is pending (default 10s), and give up on
             # a request after 20s (default 60s) - a request caught by a master restart otherwise
@@ -408,30 +439,32 @@ def minion_options(name):
 
 def own_roots(name):
     """
-    master2's own (initially empty) roots: ``sync_roots`` fills them from master1's; master1
-    serves the checkout and the lab pillar (``master:`` below).
+    master2's and master3's own (initially empty) roots: ``sync_roots`` fills them from
+    master1's; master1 serves the checkout, the lab's states and the lab pillar (``master:``).
     """
     if name == "master1":
         return {}
     srv = master(name).dir / "srv"
     return {
-        "file_roots": {"base": [str(srv / "salt")]},
+        "file_roots": {"base": [str(srv / "salt"), str(srv / "salt-lab")]},
         "pillar_roots": {"base": [str(srv / "pillar")]},
     }
 
 
-def multimaster_pillar():
-    """The ``multimaster`` pillar every minion gets (hot mode, both masters, lab paths)."""
+def multimaster_pillar(masters):
+    """The ``multimaster`` pillar every minion gets (hot mode, ``masters``, lab paths)."""
     roots = roots_options()
     return devkit.multimaster_section(
         [
-            devkit.master_entry(name, ip, master(name).dir, interface=ip, **own_roots(name))
-            for name, ip in MASTERS.items()
+            devkit.master_entry(
+                name, MASTERS[name], master(name).dir, interface=MASTERS[name], **own_roots(name)
+            )
+            for name in masters
         ],
         PORTS,
         install_packages=False,
         manage_services=True,
-        reactor={"keys": True},
+        reactor={"keys": True, "first_highstate": True},
         master={
             "file_roots": roots["file_roots"],
             "pillar_roots": roots["pillar_roots"],
@@ -452,14 +485,17 @@ def failover_pillar():
     }
 
 
-def write_pillar():
-    """lab/run/pillar: top.sls, multimaster.sls ('*'), multimaster_failover.sls (minion2)."""
+def write_pillar(masters=FIRST_SET):
+    """
+    lab/run/pillar: top.sls, multimaster.sls ('*', the set of ``masters``),
+    multimaster_failover.sls (minion2).
+    """
     top = {"base": {"*": ["multimaster"], FAILOVER_MINION: ["multimaster_failover"]}}
     devkit.write_config(PILLAR / "top.sls", top, "Lab pillar top file (written by lab/lab.py)")
     devkit.write_config(
         PILLAR / "multimaster.sls",
-        {"multimaster": multimaster_pillar()},
-        "Hot multi-master: every minion talks to both masters",
+        {"multimaster": multimaster_pillar(masters)},
+        "Hot multi-master: every minion talks to every master",
     )
     devkit.write_config(
         PILLAR / "multimaster_failover.sls",
@@ -472,7 +508,7 @@ def write_configs():
     """Config of every daemon (lab/run/<host>/master, lab/run/<host>/minion) and the pillar."""
     for name in MASTERS:
         devkit.write_config(master(name).dir / "master", master_options(name), f"lab master {name}")
-    for name in MINIONS:
+    for name in ALL_MINIONS:
         devkit.write_config(minion(name).dir / "minion", minion_options(name), f"lab minion {name}")
     write_pillar()
 
@@ -695,27 +731,28 @@ def configure_minions():
         wait_restarted(minion(mid), old[mid])
 
 
-def expected_answers(on_master):
-    """Minions that must answer from ``on_master`` once configured (failover one: master1)."""
-    hot = {mid for mid, role in MINIONS.items() if "hot" in role}
+def expected_answers(on_master, minions=MINIONS):
+    """Which of ``minions`` must answer from ``on_master`` once configured (failover: master1)."""
+    hot = {mid for mid, role in minions.items() if "hot" in role}
     return hot | {FAILOVER_MINION} if on_master == "master1" else hot
 
 
-def ping_matrix(report, title, via):
+def ping_matrix(report, title, via, masters=FIRST_SET, minions=MINIONS):
     """
-    test.ping from every master, shown as a minion x master table, plus the master the failover
-    minion says it is connected to (asked through master ``via``). All queries run at once.
+    test.ping from every one of ``masters``, shown as a minion x master table, plus the master
+    the failover minion says it is connected to (asked through master ``via``). All queries run
+    at once.
     """
-    with concurrent.futures.ThreadPoolExecutor(len(MASTERS) + 1) as pool:
-        futures = {name: pool.submit(answering, name, sorted(MINIONS), 3) for name in MASTERS}
+    with concurrent.futures.ThreadPoolExecutor(len(masters) + 1) as pool:
+        futures = {name: pool.submit(answering, name, sorted(minions), 3) for name in masters}
         connected = pool.submit(active_master, via, FAILOVER_MINION)
         answers = {name: future.result() for name, future in futures.items()}
         address = connected.result()
-    header = f"  {'minion':<10}{'role':<16}" + "".join(f"{'from ' + n:<15}" for n in MASTERS)
+    header = f"  {'minion':<10}{'role':<16}" + "".join(f"{'from ' + n:<15}" for n in masters)
     table = [header.rstrip()]
-    for mid, role in MINIONS.items():
+    for mid, role in minions.items():
         cells = ""
-        for name in MASTERS:
+        for name in masters:
             if not read_pid(master(name)):
                 cells += f"{'(stopped)':<15}"
             else:
@@ -736,7 +773,7 @@ def build(report):
     with report.step("clean previous lab"):
         clean()
         check_ports_free()
-    with report.step("write configs (2 masters, 4 minions) and pillar"):
+    with report.step("write configs (3 masters, 6 minions) and pillar (master1, master2)"):
         write_configs()
     with report.step("start master1"):
         start_daemon(master("master1"))
@@ -750,6 +787,8 @@ def build(report):
         wait_answering("master1", MINIONS)
     with report.step("saltutil.sync_all (formula via master1's file_roots)"):
         sync_all("master1")
+    with report.step("salt-run saltutil.sync_all (runners, before master1's reactors start)"):
+        salt_run("saltutil.sync_all")
     with report.step("state.apply multimaster.master on master2 (stopped)"):
         restart_master_via_state("master2")
     with report.step("state.apply multimaster.master on master1 (restarts it)"):
@@ -759,8 +798,7 @@ def build(report):
     with report.step("start master2 (it makes its own master key)"):
         start_daemon(master("master2"))
         wait_master_listening("master2")
-    with report.step("salt-run saltutil.sync_all; multimaster.status (before)"):
-        salt_run("saltutil.sync_all")
+    with report.step("salt-run multimaster.status (before)"):
         show_status(report, "salt-run multimaster.status, before:")
     with report.step("salt-run multimaster.sync_master_key (sealed, restart)"):
         synced = salt_run("multimaster.sync_master_key")
@@ -773,7 +811,7 @@ def build(report):
     with report.step("state.apply multimaster.minion on all (they restart)"):
         configure_minions()
     with report.step("wait for the minions on both masters"):
-        for name in MASTERS:
+        for name in FIRST_SET:
             wait_answering(name, expected_answers(name))
     with report.step("test.ping matrix"):
         ping_matrix(report, "test.ping answered (both masters up):", via="master1")
@@ -783,16 +821,17 @@ def build(report):
 
 def key_reactor(report):
     """``salt-key -a`` on master2 reaches master1 through master2's key reactor."""
-    with report.step("master2: salt-run saltutil.sync_all, restart (its reactor loads them)"):
-        run("salt-run", master("master2").dir, "saltutil.sync_all", timeout=120)
+    with report.step("multimaster.sync_master_modules on master2 (runners for its reactors)"):
         old_pid = read_pid(master("master2"))
-        salt("master1", "master2", "multimaster.restart_master_now", timeout=120)
+        synced = salt("master1", "master2", "multimaster.sync_master_modules", timeout=120)
+        if "multimaster" not in str((synced.get("master2") or {}).get("synced")):
+            raise LabError(f"master2 did not get the formula's runners: {synced}")
         wait_restarted(master("master2"), old_pid)
         wait_master_listening("master2")
         wait_answering("master2", expected_answers("master2"))
     with report.step(f"salt-key -a {NEWCOMER} on master2; the reactor accepts it on master1"):
         pem = devkit.new_public_pem()
-        for name in MASTERS:
+        for name in FIRST_SET:
             pending = master(name).pki_dir / "minions_pre" / NEWCOMER
             pending.write_text(pem)
         began = time.monotonic()
@@ -815,28 +854,190 @@ def key_reactor(report):
     print(report.notes[-1], flush=True)
 
 
+def highstates(name):
+    """The lines the demo's highstate (lab/salt/lab_demo) appended on minion ``name``."""
+    path = minion(name).dir / "highstates.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def accept_new_minion(name, reactor_on):
+    """
+    ``salt-key -a`` a minion's pending key on master1; wait until master ``reactor_on`` holds it
+    accepted too (put there by master1's key reactor).
+    """
+    wait_for(
+        f"{name}'s key pending on master1",
+        lambda: name in key_lists("master1").get("minions_pre", []),
+        KEY_PENDING_TIMEOUT,
+        logs=[minion(name).log],
+    )
+    run("salt-key", master("master1").dir, "-a", name, "-y", timeout=60)
+    accepted = master(reactor_on).pki_dir / "minions" / name
+    wait_for(
+        f"{name} accepted on {reactor_on} by master1's key reactor",
+        accepted.exists,
+        REACTOR_TIMEOUT,
+        interval=0.2,
+        logs=[master("master1").log],
+    )
+
+
+def first_highstate(report):
+    """
+    A new hot minion (it knows both masters) is accepted on master1: the key reactor accepts it
+    on master2, and its first start gets exactly one highstate from the set - not one per
+    master, not another when it restarts.
+    """
+    with report.step(f"start {NEW_MINION} (new, hot); salt-key -a on master1 only"):
+        start_daemon(minion(NEW_MINION))
+        accept_new_minion(NEW_MINION, reactor_on="master2")
+    with report.step(f"{NEW_MINION}'s first start: one highstate (first-highstate reactor)"):
+        began = time.monotonic()
+        wait_for(
+            f"the first highstate on {NEW_MINION}",
+            lambda: highstates(NEW_MINION),
+            STATE_TIMEOUT,
+            logs=[minion(NEW_MINION).log, master("master1").log, master("master2").log],
+        )
+        seconds = time.monotonic() - began
+        for name in FIRST_SET:
+            wait_answering(name, [NEW_MINION])
+    with report.step(f"restart {NEW_MINION}: both masters react again, no second highstate"):
+        stop_daemon(minion(NEW_MINION))
+        start_daemon(minion(NEW_MINION))
+        for name in FIRST_SET:
+            wait_answering(name, [NEW_MINION])
+        # Both masters' reactors have seen the start event by now; give them time to act.
+        time.sleep(REACTION_GRACE)
+        count = len(highstates(NEW_MINION))
+        if count != 1:
+            raise LabError(f"{NEW_MINION} ran {count} highstates, expected exactly 1")
+    report.notes.append(
+        f"First highstate: {NEW_MINION}, accepted with salt-key on master1 only, ran exactly one "
+        f"highstate {seconds:.1f}s after it was accepted (both masters react; the minion claims "
+        f"the run), and none after a restart ({REACTION_GRACE}s watched)."
+    )
+    print(report.notes[-1], flush=True)
+
+
+def ping_loop(stop, record):
+    """``test.ping`` the hot minion1 from master1 once a second until ``stop`` is set."""
+    while not stop.is_set():
+        began = time.monotonic()
+        answered = salt("master1", PINGED_MINION, "test.ping", timeout=5).get(PINGED_MINION)
+        record.append(answered is True)
+        stop.wait(max(0.0, 1.0 - (time.monotonic() - began)))
+
+
+def orchestration_failures(result):
+    """The ``__id__: comment`` of every failed step of a ``state.orch`` run's output."""
+    failed = [
+        f"{step['__id__']}: {str(step.get('comment'))[:300]}"
+        for step in devkit.orch_steps(result.stdout)
+        if step.get("result") is False
+    ]
+    return failed or [result.stdout[-1500:] + result.stderr[-1500:]]
+
+
+def add_master(report):
+    """
+    master3 joins with ``state.orch multimaster.orch.add_master`` while master1 pings the hot
+    minion1 once a second; afterwards every hot minion answers master3.
+    """
+    with report.step(f"start {NEW_MASTER} and its control minion; salt-key -a on master1"):
+        start_daemon(master(NEW_MASTER))
+        wait_master_listening(NEW_MASTER)
+        start_daemon(minion(NEW_MASTER))
+        accept_new_minion(NEW_MASTER, reactor_on="master2")
+        wait_answering("master1", [NEW_MASTER])
+        # Its first start got it a first highstate too: let that finish before the orchestration
+        # applies states to it.
+        wait_for(
+            f"the first highstate on {NEW_MASTER}'s control minion",
+            lambda: highstates(NEW_MASTER),
+            STATE_TIMEOUT,
+            logs=[minion(NEW_MASTER).log],
+        )
+        wait_for(
+            f"{NEW_MASTER}'s control minion to finish its jobs",
+            lambda: salt("master1", NEW_MASTER, "saltutil.running").get(NEW_MASTER) == [],
+            STATE_TIMEOUT,
+        )
+    with report.step(f"pillar: {NEW_MASTER} added to multimaster:masters"):
+        write_pillar(MASTERS)
+    title = f"salt-run state.orch multimaster.orch.add_master ({NEW_MASTER}), pinging"
+    with report.step(f"{title} {PINGED_MINION}"):
+        stop, record = threading.Event(), []
+        pinger = threading.Thread(target=ping_loop, args=(stop, record), daemon=True)
+        pinger.start()
+        began = time.monotonic()
+        try:
+            result = run(
+                "salt-run", master("master1").dir, "state.orch", "multimaster.orch.add_master",
+                "pillar=" + json.dumps({"multimaster_new": NEW_MASTER}),
+                timeout=ORCH_TIMEOUT, out="json", check=False,
+            )  # fmt: skip
+        finally:
+            stop.set()
+            pinger.join()
+        seconds = time.monotonic() - began
+        if result.returncode != 0:
+            raise LabError(
+                "add_master failed:\n  " + "\n  ".join(orchestration_failures(result)),
+                [master("master1").log],
+            )
+    with report.step(f"wait for every minion on {NEW_MASTER}"):
+        wait_answering(NEW_MASTER, expected_answers(NEW_MASTER, ALL_MINIONS))
+    missed = record.count(False)
+    prefix = "multimaster-orch-add-master-"
+    report.notes.append(
+        f"add_master: {NEW_MASTER} joined in {seconds:.1f}s; master1 pinged {PINGED_MINION} "
+        f"{len(record)} times meanwhile, {missed} missed. Steps: "
+        + ", ".join(
+            f"{step['__id__'].removeprefix(prefix)} {(step.get('duration') or 0) / 1000:.1f}s"
+            for step in devkit.orch_steps(result.stdout)
+        )
+    )
+    print(report.notes[-1], flush=True)
+    with report.step("test.ping matrix (three masters)"):
+        ping_matrix(
+            report, "test.ping answered (three masters up):", "master1", MASTERS, ALL_MINIONS
+        )
+
+
 def failover(report):
-    """Stop master1; measure how long the failover minion takes to answer from master2."""
-    with report.step(f"stop master1; wait for {FAILOVER_MINION} to answer from master2"):
+    """Stop master1; measure how long the failover minion takes to answer from another master."""
+    others = [name for name in MASTERS if name != "master1"]
+    with report.step(f"stop master1; wait for {FAILOVER_MINION} to answer from another master"):
         began = time.monotonic()
         stop_daemon(master("master1"))
         stopped = time.monotonic() - began
-        wait_for(
-            f"{FAILOVER_MINION} to answer test.ping from master2 after master1 stopped",
-            lambda: FAILOVER_MINION in answering("master2", [FAILOVER_MINION], timeout=1),
+
+        def answered_by():
+            for name in others:
+                if FAILOVER_MINION in answering(name, [FAILOVER_MINION], timeout=1):
+                    return name
+            return None
+
+        serving = wait_for(
+            f"{FAILOVER_MINION} to answer test.ping from {' or '.join(others)} after master1 "
+            "stopped",
+            answered_by,
             FAILOVER_TIMEOUT,
             interval=0.5,
-            logs=[minion(FAILOVER_MINION).log, master("master2").log],
+            logs=[minion(FAILOVER_MINION).log] + [master(name).log for name in others],
         )
         seconds = time.monotonic() - began
     report.notes.append(
-        f"Failover: {FAILOVER_MINION} answered test.ping from master2 {seconds:.1f}s after "
+        f"Failover: {FAILOVER_MINION} answered test.ping from {serving} {seconds:.1f}s after "
         f"master1 was sent SIGTERM (master1 took {stopped:.1f}s to exit; "
         f"master_alive_interval {ALIVE_INTERVAL}s)."
     )
     print(report.notes[-1], flush=True)
     with report.step("test.ping matrix after master1 stopped"):
-        ping_matrix(report, "test.ping answered (master1 stopped):", via="master2")
+        ping_matrix(
+            report, "test.ping answered (master1 stopped):", "master2", MASTERS, ALL_MINIONS
+        )
     return seconds
 
 
@@ -859,6 +1060,8 @@ def run_lab(keep_running, with_failover):
     try:
         build(report)
         key_reactor(report)
+        first_highstate(report)
+        add_master(report)
         if with_failover:
             failover(report)
         ok, outcome = True, "PASSED"
