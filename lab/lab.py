@@ -932,7 +932,7 @@ def ping_loop(stop, record):
 def orchestration_failures(result):
     """The ``__id__: comment`` of every failed step of a ``state.orch`` run's output."""
     failed = [
-        f"{step['__id__']}: {str(step.get('comment'))[:300]}"
+        f"{step['__id__']}: {str(step.get('comment'))[:300]} {str(step.get('changes'))[:1500]}"
         for step in devkit.orch_steps(result.stdout)
         if step.get("result") is False
     ]
