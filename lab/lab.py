@@ -930,12 +930,25 @@ def ping_loop(stop, record):
 
 
 def orchestration_failures(result):
-    """The ``__id__: comment`` of every failed step of a ``state.orch`` run's output."""
-    failed = [
-        f"{step['__id__']}: {str(step.get('comment'))[:300]} {str(step.get('changes'))[:1500]}"
-        for step in devkit.orch_steps(result.stdout)
-        if step.get("result") is False
-    ]
+    """
+    ``<step>: <comment>`` for every failed step of a ``state.orch`` run's output, then
+    ``<minion>: <state>: <comment>`` for each failed state a minion returned to it.
+    """
+    failed = []
+    for step in devkit.orch_steps(result.stdout):
+        if step.get("result") is not False:
+            continue
+        failed.append(f"{step['__id__']}: {str(step.get('comment'))[:300]}")
+        returns = (step.get("changes") or {}).get("ret") or {}
+        for mid, states in returns.items():
+            if not isinstance(states, dict):
+                failed.append(f"  {mid}: {str(states)[:300]}")
+                continue
+            failed += [
+                f"  {mid}: {state.get('__id__', sid)}: {str(state.get('comment'))[:300]}"
+                for sid, state in states.items()
+                if isinstance(state, dict) and state.get("result") is False
+            ]
     return failed or [result.stdout[-1500:] + result.stderr[-1500:]]
 
 

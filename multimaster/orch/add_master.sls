@@ -88,6 +88,17 @@ multimaster-orch-add-master-other-masters-configured:
       - salt: multimaster-orch-add-master-sync-keys
 {%-   endif %}
 
+{#- multimaster.master (the other masters) and sync_master_modules (the new one) restart masters
+    after their jobs returned: a minion applying its state meanwhile would fetch files from a
+    master going down. #}
+multimaster-orch-add-master-masters-settled-before-minions:
+  salt.runner:
+    - name: multimaster.wait_masters
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-new-master-modules-synced
+      - salt: multimaster-orch-add-master-{{ "other-masters-configured" if others else "sync-keys" }}
+
 multimaster-orch-add-master-minions-configured:
   salt.state:
     - tgt: '*'
@@ -95,8 +106,7 @@ multimaster-orch-add-master-minions-configured:
     - batch: {{ batch | json }}
     - failhard: true
     - require:
-      - salt: multimaster-orch-add-master-new-master-modules-synced
-      - salt: multimaster-orch-add-master-{{ "other-masters-configured" if others else "sync-keys" }}
+      - salt: multimaster-orch-add-master-masters-settled-before-minions
 
 multimaster-orch-add-master-masters-settled-again:
   salt.runner:
