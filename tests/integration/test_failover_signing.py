@@ -13,7 +13,7 @@ import time
 import multimaster_settings
 import pytest
 import yaml
-from multimaster_keystore import master_key_files
+from multimaster_keystore import master_key_files, master_opts, read_master_key
 
 from . import harness
 from .harness import START_TIMEOUT, Ports, devkit, kill_daemons_of
@@ -41,10 +41,16 @@ def pki(factory):
 
 
 def master_files(factory):
-    """``{file name: content}`` of the master keypair and the signing pair of a master."""
-    mopts = {"id": factory.config["id"], "master_sign_key_name": "master_sign"}
-    names = [*master_key_files(mopts), *master_key_files(mopts, signing=True)]
-    return {name: (pki(factory) / name).read_text() for name in names}
+    """
+    ``{file name: PEM}`` of the master keypair and the signing pair of a master, read from its
+    key store with its own options.
+    """
+    mopts = master_opts(factory.config_dir)
+    return {
+        name: read_master_key(mopts, signing, private=name.endswith(".pem"))
+        for signing in (False, True)
+        for name in master_key_files(mopts, signing)
+    }
 
 
 def verified_from(minion, host, since):
