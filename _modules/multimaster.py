@@ -20,6 +20,7 @@ from salt.exceptions import CommandExecutionError
 
 try:
     import multimaster_daemon
+    import multimaster_haproxy
     import multimaster_keystore
     import multimaster_settings
 
@@ -112,7 +113,33 @@ def settings(defaults=None, redact=True):
         "minion": multimaster_settings.minion_config(merged),
         "master": local_master and multimaster_settings.master_config(merged, local_master),
     }
+    if local_master and merged["mode"] == "cluster":
+        merged["config"]["cluster"] = multimaster_settings.cluster_config(
+            merged, local_master, local_master["pki_dir"]
+        )
     return multimaster_settings.redacted_settings(merged) if redact else merged
+
+
+def haproxy_config(defaults=None):
+    """
+    The ``haproxy.cfg`` text ``multimaster.haproxy`` installs for the cluster in pillar (mode
+    cluster): frontends on the balancer address, every master a health-checked backend server.
+
+    defaults
+        As for ``settings``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt balancer1 multimaster.haproxy_config
+    """
+    merged = settings(defaults, redact=False)
+    if merged["mode"] != "cluster":
+        raise CommandExecutionError(
+            f"multimaster:mode is {merged['mode']!r}; the balancer is only for mode 'cluster'"
+        )
+    return multimaster_haproxy.config_text(merged)
 
 
 def validate(defaults=None):

@@ -3,10 +3,16 @@ States of the ``multimaster`` formula.
 
 ``minion_restarted`` restarts salt-minion after the job that runs it has returned, so a highstate
 that changes the master list still reports its result. ``master_key_files_secure`` reports master
-key files whose type, mode or owner is wrong.
+key files whose type, mode or owner is wrong. ``haproxy_configured``/``haproxy_running`` keep the
+balancer of a master cluster: a configuration HAProxy refuses never replaces the live one.
 """
 
+import difflib
+
+from salt.exceptions import CommandExecutionError
+
 try:
+    import multimaster_haproxy
     import multimaster_keys
 
     HAS_UTILS = True
@@ -128,6 +134,8 @@ def mod_watch(name, sfun=None, service=None, delay=0, **kwargs):
     """
     if sfun == "master_restarted":
         return master_restarted(name, service=service or "salt-master", delay=delay)
+    if sfun == "haproxy_running":
+        return haproxy_running(name, kwargs.get("pidfile"), reload=True)
     return minion_restarted(name, service=service or "salt-minion", delay=delay)
 
 
@@ -222,4 +230,88 @@ def master_key_served(name, fingerprint, signing=False):
         if check["served"]
         else f"Restarted, but the master still does not serve {fingerprint}: {check['reason']}"
     )
+    return ret
+
+
+def haproxy_configured(name):
+    """
+    Ensure the HAProxy configuration file ``name`` holds what the pillar ``multimaster``
+    (mode cluster) describes. The new text is checked with ``haproxy -c`` before it replaces the
+    live file: when HAProxy refuses it, the state fails with HAProxy's message and the running
+    balancer keeps its configuration. The return carries a diff (nothing in it is secret).
+
+    name
+        The configuration file (``multimaster:cluster:haproxy:config_file``).
+
+    CLI Example:
+
+    .. code-block:: yaml
+
+        multimaster-haproxy-config-managed:
+          multimaster.haproxy_configured:
+            - name: /etc/haproxy/haproxy.cfg
+    """
+    ret = {"name": name, "result": True, "changes": {}, "comment": ""}
+    text = __salt__["multimaster.haproxy_config"]()
+    current = multimaster_haproxy.read(name)
+    if current == text:
+        ret["comment"] = f"{name} is up to date"
+        return ret
+    diff = "".join(
+        difflib.unified_diff((current or "").splitlines(True), text.splitlines(True), name, name)
+    )
+    if __opts__["test"]:
+        ret.update(result=None, changes={"diff": diff}, comment=f"{name} would be updated")
+        return ret
+    try:
+        multimaster_haproxy.install(name, text)
+    except CommandExecutionError as exc:
+        ret.update(result=False, comment=str(exc))
+        return ret
+    ret.update(changes={"diff": diff}, comment=f"{name} updated (haproxy -c accepted it)")
+    return ret
+
+
+def haproxy_running(name, pidfile, reload=False):
+    """
+    Ensure an HAProxy of configuration ``name`` runs as ``haproxy -D -p <pidfile>`` (no system
+    service: labs, containers). With ``watch`` on the configuration state it reloads gracefully
+    (``-sf``) when the file changed. A pidfile naming a process that is not that HAProxy is
+    treated as stale: that process is never signalled.
+
+    name
+        The configuration file.
+
+    pidfile
+        Where HAProxy records its pid.
+
+    reload
+        Reload even when it runs (``watch`` passes it).
+
+    CLI Example:
+
+    .. code-block:: yaml
+
+        multimaster-haproxy-running:
+          multimaster.haproxy_running:
+            - name: /srv/lb/haproxy.cfg
+            - pidfile: /srv/lb/haproxy.pid
+            - watch:
+              - multimaster: multimaster-haproxy-config-managed
+    """
+    ret = {"name": name, "result": True, "changes": {}, "comment": ""}
+    running = multimaster_haproxy.running_pids(pidfile, name)
+    if running and not reload:
+        ret["comment"] = f"HAProxy of {name} runs (pid {', '.join(map(str, running))})"
+        return ret
+    action = "reloaded" if running else "started"
+    if __opts__["test"]:
+        ret.update(result=None, comment=f"HAProxy of {name} would be {action}")
+        return ret
+    try:
+        done = multimaster_haproxy.start_or_reload(name, pidfile)
+    except CommandExecutionError as exc:
+        ret.update(result=False, comment=str(exc))
+        return ret
+    ret.update(changes={"haproxy": done}, comment=f"HAProxy of {name} {done}")
     return ret

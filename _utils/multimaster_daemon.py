@@ -136,7 +136,7 @@ def _identity_problem(proc, pidfile, daemon, config_dir):
     script = next((i for i, arg in enumerate(argv[:2]) if os.path.basename(arg) in names), None)
     if script is None:
         return f"pid {proc.pid} is not {daemon}: it runs {argv[:2]}"
-    running = _option_value(argv[script + 1 :], "-c", "--config-dir")
+    running = option_value(argv[script + 1 :], "-c", "--config-dir")
     if running is None:
         running = proc.environ().get("SALT_CONFIG_DIR") or salt.syspaths.CONFIG_DIR
     if not os.path.isabs(running):
@@ -149,7 +149,7 @@ def _identity_problem(proc, pidfile, daemon, config_dir):
     return None
 
 
-def _option_value(argv, short, long):
+def option_value(argv, short, long):
     """
     The value of option ``short``/``long`` in ``argv`` (``-x V``, ``-xV``, ``--long V``,
     ``--long=V``), the last one winning as in Salt's option parser; None when absent.
@@ -243,7 +243,7 @@ def _log_level(pid):
     The log level ``pid`` was started with, if it is one of Salt's (so never a stray flag).
     """
     try:
-        level = _option_value(psutil.Process(pid).cmdline(), "-l", "--log-level")
+        level = option_value(psutil.Process(pid).cmdline(), "-l", "--log-level")
     except psutil.Error:
         return None
     return level if level in salt._logging.LOG_LEVELS else None

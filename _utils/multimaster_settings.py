@@ -30,6 +30,19 @@ MASK = "**********"
 _FINGERPRINT_RE = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){31}\Z")
 
 
+# Salt's cluster secret authenticates a joining master: as long as a random key, not a password.
+MIN_CLUSTER_SECRET = 32
+CLUSTER_SECRET_EXPECTED = (
+    f"a cluster secret of at least {MIN_CLUSTER_SECRET} characters (for example the output of "
+    "'openssl rand -hex 32'), from pillar targeted at the masters only"
+)
+# '' lets Salt's recommendation decide: mmap_key with an isolated filesystem, else Salt's default.
+KEY_CACHE_DRIVERS = ("", "localfs_key", "mmap_key")
+WILDCARDS = ("0.0.0.0", "::", "")
+_CLUSTER_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
+_SHA256_HEX_RE = re.compile(r"[0-9a-fA-F]{64}\Z")
+
+
 class SettingsError(SaltInvocationError):
     """
     The ``multimaster`` pillar is not what the formula expects.
@@ -197,11 +210,7 @@ def _validate_merged(settings):
                 "the masters' master_sign.pub: one RSA 'PUBLIC KEY' PEM of >= 2048 bits "
                 f"when signing is enabled ({exc})",
             )
-    balancer = settings["cluster"].get("balancer")
-    if settings["mode"] == "cluster" and (not isinstance(balancer, str) or not balancer):
-        _fail(
-            "cluster:balancer", balancer, "the load balancer address minions use in mode 'cluster'"
-        )
+    _validate_cluster(settings)
 
     minion = settings["minion"]
     _check_int(minion, "retry_dns", "minion")
@@ -229,6 +238,89 @@ def _validate_merged(settings):
     remotes = master["gitfs"].get("remotes")
     if not isinstance(remotes, list):
         _fail("master:gitfs:remotes", remotes, "a list of git remote URLs")
+
+
+def _validate_cluster(settings):
+    cluster = settings["cluster"]
+    _check_mapping(cluster, "haproxy", "cluster")
+    _check_mapping(settings["lookup"], "haproxy", "lookup")
+    _check_port(cluster.get("pool_port"), "cluster:pool_port")
+    _check_bool(cluster, "isolated_filesystem", "cluster")
+    _check_int(cluster, "publish_session", "cluster", minimum=1)
+    driver = cluster.get("keys_cache_driver")
+    if driver not in KEY_CACHE_DRIVERS:
+        _fail(
+            "cluster:keys_cache_driver", driver, "one of " + ", ".join(map(repr, KEY_CACHE_DRIVERS))
+        )
+    secret = cluster.get("secret")
+    if not isinstance(secret, str) or (secret and len(secret) < MIN_CLUSTER_SECRET):
+        _fail("cluster:secret", secret, CLUSTER_SECRET_EXPECTED)
+    haproxy = cluster["haproxy"]
+    for key in ("check_interval", "connect_timeout", "maxconn"):
+        _check_int(haproxy, key, "cluster:haproxy", minimum=1)
+    if not isinstance(haproxy.get("config_file"), str) or not os.path.isabs(haproxy["config_file"]):
+        _fail("cluster:haproxy:config_file", haproxy.get("config_file"), "an absolute path")
+    pidfile = haproxy.get("pidfile")
+    if not isinstance(pidfile, str) or (pidfile and not os.path.isabs(pidfile)):
+        _fail(
+            "cluster:haproxy:pidfile",
+            pidfile,
+            "'' (HAProxy runs as the system service) or an absolute path",
+        )
+    if settings["mode"] != "cluster":
+        return
+    balancer = cluster.get("balancer")
+    if not isinstance(balancer, str) or not balancer or any(c.isspace() for c in balancer):
+        _fail(
+            "cluster:balancer",
+            balancer,
+            "the load balancer address minions use in mode 'cluster' (HAProxy binds it)",
+        )
+    if not isinstance(cluster.get("id"), str) or not _CLUSTER_ID_RE.match(cluster["id"]):
+        _fail("cluster:id", cluster.get("id"), "the cluster_id: letters, digits, '_', '.', '-'")
+    if cluster.get("pki_dir") and not os.path.isabs(cluster["pki_dir"]):
+        _fail("cluster:pki_dir", cluster["pki_dir"], "'' or an absolute path")
+    ports = settings["ports"]
+    if cluster["pool_port"] in (ports["publish"], ports["ret"]):
+        _fail(
+            "cluster:pool_port", cluster["pool_port"], "a port other than the publish and ret ports"
+        )
+    addresses = set()
+    for index, master in enumerate(settings["masters"]):
+        where = f"masters[{index}]"
+        address = cluster_address(master)
+        if address in WILDCARDS:
+            _fail(
+                f"{where}:interface",
+                address,
+                "the master's own address in mode 'cluster' (its Raft node id and the address "
+                "its peers dial): not a wildcard",
+            )
+        if address in addresses:
+            _fail(f"{where}:interface", address, "each cluster master's address to be unique")
+        addresses.add(address)
+        peers = master.get("cluster_peers")
+        if peers is not None and (
+            not isinstance(peers, list)
+            or not peers
+            or not all(isinstance(p, str) and p and p != address for p in peers)
+        ):
+            _fail(
+                f"{where}:cluster_peers",
+                peers,
+                "a non-empty list of the other masters' addresses (a joining master may name one)",
+            )
+        pinned = master.get("cluster_pub_fingerprint")
+        if pinned is not None and (not isinstance(pinned, str) or not _SHA256_HEX_RE.match(pinned)):
+            _fail(
+                f"{where}:cluster_pub_fingerprint",
+                pinned,
+                "the SHA-256 hex digest (64 hex digits) of the cluster's cluster.pub PEM",
+            )
+        if master.get("cluster_pki_dir") is not None and not (
+            isinstance(master["cluster_pki_dir"], str) and os.path.isabs(master["cluster_pki_dir"])
+        ):
+            _fail(f"{where}:cluster_pki_dir", master["cluster_pki_dir"], "an absolute path")
 
 
 def build(pillar, defaults):
@@ -336,7 +428,15 @@ def runner_section(settings):
     keys = ["mode", "ports", "masters", "manage_services", "max_revoke_share"]
     if settings["mode"] == "failover":
         keys += ["failover", "signing"]
-    return {key: copy.deepcopy(settings[key]) for key in keys}
+    section = {key: copy.deepcopy(settings[key]) for key in keys}
+    if settings["mode"] == "cluster":
+        # The secret stays in its own 0600 file: the runners never need it.
+        section["cluster"] = {
+            key: copy.deepcopy(value)
+            for key, value in settings["cluster"].items()
+            if key != "secret"
+        }
+    return section
 
 
 def check_section(section):
@@ -380,7 +480,11 @@ def master_config(settings, master):
     """
     section = settings["master"]
     config = {
-        "interface": master.get("interface", section["interface"]),
+        "interface": (
+            cluster_address(master)
+            if settings["mode"] == "cluster"
+            else master.get("interface", section["interface"])
+        ),
         "publish_port": settings["ports"]["publish"],
         "ret_port": settings["ports"]["ret"],
         # A master's own roots (masters sharing a host need different paths) win.
@@ -448,4 +552,56 @@ def minion_config(settings):
                 "tcp_pull_port": minion["tcp_pull_port"],
             }
         )
+    return config
+
+
+def cluster_address(master):
+    """
+    The address a cluster master binds and its peers dial: its ``interface``, else its ``host``.
+    Salt's Raft uses it as the master's node id.
+
+    master
+        An entry of ``settings["masters"]``.
+    """
+    return master.get("interface") or master["host"]
+
+
+def cluster_config(settings, master, pki_dir):
+    """
+    The cluster options of ``master`` (an entry of ``settings["masters"]``), ``cluster_secret``
+    among them: written to a 0600 ``master.d`` file of their own. Raises ``SettingsError`` when
+    the pillar this host sees holds no secret.
+
+    pki_dir
+        That master's ``pki_dir``; ``cluster_pki_dir`` defaults to ``cluster`` beside it.
+    """
+    cluster = settings["cluster"]
+    secret = cluster["secret"]
+    if not isinstance(secret, str) or len(secret) < MIN_CLUSTER_SECRET:
+        _fail("cluster:secret", secret, CLUSTER_SECRET_EXPECTED)
+    address = cluster_address(master)
+    peers = master.get("cluster_peers") or [
+        cluster_address(other) for other in settings["masters"] if other is not master
+    ]
+    if not peers:
+        _fail(
+            "masters", [m["id"] for m in settings["masters"]], "at least two masters in a cluster"
+        )
+    config = {
+        "cluster_id": cluster["id"],
+        "cluster_peers": [peer for peer in peers if peer != address],
+        "cluster_pki_dir": master.get("cluster_pki_dir")
+        or cluster["pki_dir"]
+        or os.path.join(os.path.dirname(os.path.normpath(pki_dir)), "cluster"),
+        "cluster_pool_port": cluster["pool_port"],
+        "cluster_isolated_filesystem": cluster["isolated_filesystem"],
+        # The balancer's publish timeouts are the same value (haproxy_config).
+        "publish_session": cluster["publish_session"],
+        "cluster_secret": secret,
+    }
+    driver = cluster["keys_cache_driver"] or ("mmap_key" if cluster["isolated_filesystem"] else "")
+    if driver:
+        config["keys.cache_driver"] = driver
+    if master.get("cluster_pub_fingerprint"):
+        config["cluster_pub_fingerprint"] = master["cluster_pub_fingerprint"].lower()
     return config

@@ -9,6 +9,11 @@
 multimaster-master-clean-config-file-absent:
   file.absent:
     - name: {{ master.config_dir }}/master.d/{{ mapdata.lookup.config_file }}
+
+{#- Whatever the mode now: a master that left a cluster keeps no cluster options. #}
+multimaster-master-clean-cluster-config-file-absent:
+  file.absent:
+    - name: {{ master.config_dir }}/master.d/{{ mapdata.lookup.cluster_config_file }}
 {%-   if mapdata.manage_services %}
 
 multimaster-master-clean-master-restarted:
@@ -16,6 +21,7 @@ multimaster-master-clean-master-restarted:
     - service: {{ mapdata.lookup.master.service }}
     - onchanges:
       - file: multimaster-master-clean-config-file-absent
+      - file: multimaster-master-clean-cluster-config-file-absent
 {%-   endif %}
 {%- else %}
 

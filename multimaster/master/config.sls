@@ -5,6 +5,11 @@
 {%- set master = mapdata.local.master %}
 
 {%- if master %}
+{%-   if mapdata.mode == "cluster" %}
+
+include:
+  - {{ tplroot }}.cluster.config
+{%-   endif %}
 
 multimaster-master-config-file-managed:
   file.serialize:

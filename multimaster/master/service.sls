@@ -23,6 +23,9 @@ multimaster-master-service-running-master-restarted:
     - service: {{ mapdata.lookup.master.service }}
     - onchanges:
       - file: multimaster-master-config-file-managed
+{%-   if mapdata.mode == "cluster" %}
+      - file: multimaster-cluster-config-file-managed
+{%-   endif %}
 {%- else %}
 
 multimaster-master-service-unmanaged:

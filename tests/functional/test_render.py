@@ -43,6 +43,9 @@ REQUIRED_SLS = {
     "multimaster.minion.clean",
     "multimaster.minion.config",
     "multimaster.minion.service",
+    "multimaster.cluster",
+    "multimaster.cluster.config",
+    "multimaster.haproxy",
 }
 
 
@@ -60,6 +63,9 @@ MASTERS = [
     {"id": "master1", "host": "127.0.0.2", "config_dir": "/nonexistent/master1"},
     {"id": "master2", "host": "127.0.0.3"},
 ]
+
+
+CLUSTER = {"balancer": "127.0.0.10", "id": "c1", "secret": "s" * 40}
 
 
 def pillar(**extra):
@@ -81,7 +87,12 @@ VARIANTS = {
         "master2",
         pillar(mode="failover", signing={"enabled": True, "public_key": SIGN_PUB}),
     ),
-    "cluster": ("master2", pillar(mode="cluster", cluster={"balancer": "127.0.0.10"})),
+    "cluster": ("master2", pillar(mode="cluster", cluster=CLUSTER)),
+    # Every other minion's pillar lacks the secret (targeted at the masters only).
+    "cluster-plain-minion": (
+        "web1",
+        pillar(mode="cluster", cluster={k: v for k, v in CLUSTER.items() if k != "secret"}),
+    ),
     "ipc-tcp": ("master2", pillar(minion={"ipc_mode": "tcp", "tcp_pub_port": 4610})),
     "gitfs-acl": (
         "master2",

@@ -172,7 +172,7 @@ def test_failover_with_signing_configs(defaults):
 
 
 def test_cluster_minions_know_only_the_balancer(defaults):
-    settings = build(defaults, mode="cluster", cluster={"balancer": "lb.example.com"})
+    settings = build(defaults, mode="cluster", cluster={"id": "c1", "balancer": "lb.example.com"})
     minion = ms.minion_config(settings)
     assert minion["master"] == ["lb.example.com"]
     assert minion["master_type"] == "str"
@@ -225,7 +225,7 @@ def test_config_passthrough_is_applied_last(defaults):
 
 @pytest.mark.parametrize("mode", ["hot", "failover", "cluster"])
 def test_every_mode_builds_with_minimal_pillar(defaults, mode):
-    extra = {"cluster": {"balancer": "lb"}} if mode == "cluster" else {}
+    extra = {"cluster": {"id": "c1", "balancer": "lb"}} if mode == "cluster" else {}
     settings = build(defaults, mode=mode, **extra)
     assert settings["mode"] == mode
     assert ms.minion_config(settings)["master"]

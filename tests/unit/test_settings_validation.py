@@ -199,7 +199,7 @@ CASES = {
         "no 'failover' section with mode 'hot'",
     ),
     "failover-in-cluster": (
-        pillar(mode="cluster", cluster={"balancer": "lb"}, failover={"shuffle": True}),
+        pillar(mode="cluster", cluster={"id": "c1", "balancer": "lb"}, failover={"shuffle": True}),
         "failover",
         js({"shuffle": True}),
         "no 'failover' section with mode 'cluster'",
@@ -259,16 +259,98 @@ CASES = {
     ),
     # cluster
     "cluster-without-balancer": (
-        pillar(mode="cluster"),
+        pillar(mode="cluster", cluster={"id": "c1"}),
         "cluster:balancer",
         js(""),
         "the load balancer address minions use in mode 'cluster'",
     ),
     "cluster-balancer-not-a-string": (
-        pillar(mode="cluster", cluster={"balancer": ["lb1", "lb2"]}),
+        pillar(mode="cluster", cluster={"id": "c1", "balancer": ["lb1", "lb2"]}),
         "cluster:balancer",
         js(["lb1", "lb2"]),
         "the load balancer address",
+    ),
+    "cluster-without-id": (
+        pillar(mode="cluster", cluster={"balancer": "lb"}),
+        "cluster:id",
+        js(""),
+        "the cluster_id",
+    ),
+    "cluster-id-with-a-space": (
+        pillar(mode="cluster", cluster={"balancer": "lb", "id": "my cluster"}),
+        "cluster:id",
+        js("my cluster"),
+        "the cluster_id",
+    ),
+    "cluster-secret-too-short": (
+        pillar(mode="cluster", cluster={"balancer": "lb", "id": "c1", "secret": "hunter2"}),
+        "cluster:secret",
+        multimaster_settings.MASK,
+        "at least 32 characters",
+    ),
+    "cluster-secret-not-a-string": (
+        pillar(mode="cluster", cluster={"balancer": "lb", "id": "c1", "secret": 12345}),
+        "cluster:secret",
+        multimaster_settings.MASK,
+        "at least 32 characters",
+    ),
+    "cluster-master-on-a-wildcard": (
+        pillar(
+            mode="cluster",
+            cluster={"balancer": "lb", "id": "c1"},
+            masters=[dict(M1, interface="0.0.0.0"), dict(M2)],
+        ),
+        "masters[0]:interface",
+        js("0.0.0.0"),
+        "not a wildcard",
+    ),
+    "cluster-masters-share-an-address": (
+        pillar(
+            mode="cluster",
+            cluster={"balancer": "lb", "id": "c1"},
+            masters=[dict(M1), dict(M2, interface=M1["host"])],
+        ),
+        "masters[1]:interface",
+        js(M1["host"]),
+        "unique",
+    ),
+    "cluster-peers-name-itself": (
+        pillar(
+            mode="cluster",
+            cluster={"balancer": "lb", "id": "c1"},
+            masters=[dict(M1), dict(M2, cluster_peers=[M2["host"]])],
+        ),
+        "masters[1]:cluster_peers",
+        js([M2["host"]]),
+        "the other masters' addresses",
+    ),
+    "cluster-fingerprint-not-sha256": (
+        pillar(
+            mode="cluster",
+            cluster={"balancer": "lb", "id": "c1"},
+            masters=[dict(M1), dict(M2, cluster_pub_fingerprint="ab:cd")],
+        ),
+        "masters[1]:cluster_pub_fingerprint",
+        js("ab:cd"),
+        "64 hex digits",
+    ),
+    "cluster-pool-port-is-ret-port": (
+        pillar(mode="cluster", cluster={"balancer": "lb", "id": "c1", "pool_port": 4506}),
+        "cluster:pool_port",
+        "4506",
+        "a port other than the publish and ret ports",
+    ),
+    "cluster-unknown-key-cache-driver": (
+        pillar(cluster={"keys_cache_driver": "redis"}),
+        "cluster:keys_cache_driver",
+        js("redis"),
+        "one of '', 'localfs_key', 'mmap_key'",
+    ),
+    "haproxy-pidfile-relative": (
+        pillar(cluster={"haproxy": {"pidfile": "run/haproxy.pid"}}),
+        "cluster:haproxy:pidfile",
+        js("run/haproxy.pid"),
+        "an absolute path",
     ),
     # ports
     "port-zero": (

@@ -1,0 +1,165 @@
+"""
+Mode cluster: the cluster options each master gets (``cluster_config``), the secret's care, and the
+HAProxy configuration (checked by the real ``haproxy -c``), installed only when HAProxy accepts it;
+a stale or foreign pidfile never gets a process signalled.
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+import multimaster_haproxy as mh
+import multimaster_settings as ms
+import pytest
+import yaml
+from salt.exceptions import CommandExecutionError
+
+SECRET = "cluster-secret-marker-" + "7" * 20
+HOSTS = ["10.0.3.61", "10.0.3.62", "10.0.3.63"]
+
+
+def cluster(defaults, **extra):
+    masters = [{"id": f"master{i}", "host": host} for i, host in enumerate(HOSTS, 1)]
+    section = {"id": "salt-cluster", "balancer": "10.0.3.10", "secret": SECRET}
+    section.update(extra.pop("cluster", {}))
+    return ms.build({"mode": "cluster", "masters": masters, "cluster": section, **extra}, defaults)
+
+
+def test_each_master_peers_with_the_others_on_its_own_address(defaults):
+    settings = cluster(defaults)
+    config = ms.cluster_config(settings, settings["masters"][1], "/etc/salt/pki/master")
+    assert config == {
+        "cluster_id": "salt-cluster",
+        "cluster_peers": [HOSTS[0], HOSTS[2]],
+        "cluster_pki_dir": "/etc/salt/pki/cluster",
+        "cluster_pool_port": 4520,
+        "cluster_isolated_filesystem": True,
+        "publish_session": 86400,
+        "cluster_secret": SECRET,
+        # Salt's recommendation for an isolated filesystem.
+        "keys.cache_driver": "mmap_key",
+    }
+    master = ms.master_config(settings, settings["masters"][1])
+    assert master["interface"] == HOSTS[1]
+    assert "cluster_secret" not in master and "secret" not in master["multimaster"]["cluster"]
+
+
+def test_shared_filesystem_keeps_salts_key_driver_and_a_joiner_pins_the_cluster_key(defaults):
+    pinned = "AB" * 32
+    settings = cluster(defaults, cluster={"isolated_filesystem": False, "pki_dir": "/gluster/pki"})
+    settings["masters"][2].update(cluster_peers=[HOSTS[0]], cluster_pub_fingerprint=pinned)
+    config = ms.cluster_config(settings, settings["masters"][2], "/etc/salt/pki/master")
+    assert config["cluster_peers"] == [HOSTS[0]]
+    assert config["cluster_pki_dir"] == "/gluster/pki"
+    assert config["cluster_pub_fingerprint"] == pinned.lower()
+    assert "keys.cache_driver" not in config
+
+
+@pytest.mark.parametrize("secret", ["", "short"])
+def test_a_master_without_a_proper_secret_is_refused(defaults, secret):
+    settings = cluster(defaults)
+    settings["cluster"]["secret"] = secret
+    with pytest.raises(ms.SettingsError) as err:
+        ms.cluster_config(settings, settings["masters"][0], "/etc/salt/pki/master")
+    assert str(err.value).startswith("multimaster:cluster:secret: got **********")
+    assert "at least 32 characters" in str(err.value)
+
+
+def test_minions_build_without_the_secret(defaults):
+    # The secret is targeted at the masters only: every other minion's pillar lacks it.
+    settings = cluster(defaults, cluster={"secret": ""})
+    assert ms.minion_config(settings)["master"] == ["10.0.3.10"]
+
+
+def test_the_secret_is_masked_in_returns(defaults):
+    settings = cluster(defaults)
+    settings["config"] = {"cluster": ms.cluster_config(settings, settings["masters"][0], "/p/m")}
+    shown = repr(ms.redacted_settings(settings))
+    assert SECRET not in shown
+
+
+def test_haproxy_config_has_every_master_and_haproxy_accepts_it(defaults, tmp_path):
+    settings = cluster(defaults)
+    text = mh.config_text(settings)
+    for port in (4505, 4506):
+        assert f"bind 10.0.3.10:{port}" in text
+        for index, host in enumerate(HOSTS, 1):
+            assert f"server master{index} {host}:{port} check inter 2s" in text
+    # Publish connections live as long as the masters' publish_session.
+    assert "timeout client 86400s" in text and "timeout server 86400s" in text
+    assert SECRET not in text
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(text)
+    valid, output = mh.check(str(path))
+    assert valid, output
+
+
+def test_a_config_haproxy_refuses_never_replaces_the_live_one(defaults, tmp_path):
+    path = tmp_path / "haproxy.cfg"
+    good = mh.config_text(cluster(defaults))
+    assert mh.install(str(path), good) is True
+    assert mh.install(str(path), good) is False
+    # A pillar naming a balancer address that does not resolve: haproxy -c says so.
+    bad = mh.config_text(cluster(defaults, cluster={"balancer": "no-such-host.invalid"}))
+    with pytest.raises(CommandExecutionError, match="haproxy -c refused") as err:
+        mh.install(str(path), bad)
+    assert "no-such-host.invalid" in str(err.value)
+    assert path.read_text() == good
+    assert sorted(os.listdir(tmp_path)) == ["haproxy.cfg"]
+
+
+def test_a_stale_or_foreign_pidfile_names_no_haproxy(tmp_path):
+    config = tmp_path / "haproxy.cfg"
+    config.write_text("")
+    pidfile = tmp_path / "haproxy.pid"
+    # A live process that is not HAProxy (this test), and one that does not exist.
+    pidfile.write_text(f"{os.getpid()}\n999999999\n")
+    assert mh.running_pids(str(pidfile), str(config)) == []
+    # A process named haproxy-ish but started after the pidfile was written (a reused pid).
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.1)
+        pidfile.write_text(f"{sleeper.pid}\n")
+        assert mh.running_pids(str(pidfile), str(config)) == []
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_stop_with_a_foreign_pidfile_signals_nothing(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        pidfile = tmp_path / "haproxy.pid"
+        pidfile.write_text(f"{sleeper.pid}\n")
+        assert mh.stop(str(tmp_path / "haproxy.cfg"), str(pidfile)) is False
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_haproxy_starts_and_reloads_gracefully_from_its_pidfile(defaults, tmp_path):
+    settings = cluster(
+        defaults,
+        cluster={"balancer": "127.0.0.9"},
+        ports={"publish": 31505, "ret": 31506},
+    )
+    config, pidfile = tmp_path / "haproxy.cfg", tmp_path / "haproxy.pid"
+    mh.install(str(config), mh.config_text(settings))
+    try:
+        assert mh.start_or_reload(str(config), str(pidfile)) == "started"
+        first = mh.running_pids(str(pidfile), str(config))
+        assert first
+        assert mh.start_or_reload(str(config), str(pidfile)) == "reloaded"
+        second = mh.running_pids(str(pidfile), str(config))
+        assert second and not set(first) & set(second)
+    finally:
+        mh.stop(str(config), str(pidfile))
+    assert mh.running_pids(str(pidfile), str(config)) == []
+
+
+def test_cluster_file_is_plain_yaml_salt_reads(defaults):
+    settings = cluster(defaults)
+    config = ms.cluster_config(settings, settings["masters"][0], "/etc/salt/pki/master")
+    assert yaml.safe_load(yaml.safe_dump(config)) == config
