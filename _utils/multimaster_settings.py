@@ -36,7 +36,7 @@ CLUSTER_SECRET_EXPECTED = (
     f"a cluster secret of at least {MIN_CLUSTER_SECRET} characters (for example the output of "
     "'openssl rand -hex 32'), from pillar targeted at the masters only"
 )
-# '' lets Salt's recommendation decide: mmap_key with an isolated filesystem, else Salt's default.
+# '': localfs_key with an isolated filesystem (see cluster_config), else Salt's default.
 KEY_CACHE_DRIVERS = ("", "localfs_key", "mmap_key")
 WILDCARDS = ("0.0.0.0", "::", "")
 _CLUSTER_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
@@ -285,7 +285,6 @@ def _validate_cluster(settings):
         _fail(
             "cluster:pool_port", cluster["pool_port"], "a port other than the publish and ret ports"
         )
-    addresses = set()
     for index, master in enumerate(settings["masters"]):
         where = f"masters[{index}]"
         address = cluster_address(master)
@@ -296,9 +295,14 @@ def _validate_cluster(settings):
                 "the master's own address in mode 'cluster' (its Raft node id and the address "
                 "its peers dial): not a wildcard",
             )
-        if address in addresses:
-            _fail(f"{where}:interface", address, "each cluster master's address to be unique")
-        addresses.add(address)
+        if master["id"] != address:
+            _fail(
+                f"{where}:id",
+                master["id"],
+                f"the master's own address {address!r} in mode 'cluster': Salt names a cluster "
+                "peer by its id and dials it by the same string, so id, interface and the "
+                "peers' cluster_peers must agree",
+            )
         peers = master.get("cluster_peers")
         if peers is not None and (
             not isinstance(peers, list)
@@ -599,7 +603,12 @@ def cluster_config(settings, master, pki_dir):
         "publish_session": cluster["publish_session"],
         "cluster_secret": secret,
     }
-    driver = cluster["keys_cache_driver"] or ("mmap_key" if cluster["isolated_filesystem"] else "")
+    # Salt recommends mmap_key with an isolated filesystem, but 3008.3's cluster join reads
+    # pki_dir/master.pub as a file, which mmap_key never writes: a joining master crashes on
+    # start. So '' pins localfs_key there (Salt's docs say isolated masters default to mmap_key).
+    driver = cluster["keys_cache_driver"] or (
+        "localfs_key" if cluster["isolated_filesystem"] else ""
+    )
     if driver:
         config["keys.cache_driver"] = driver
     if master.get("cluster_pub_fingerprint"):

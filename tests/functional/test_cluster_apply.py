@@ -12,7 +12,7 @@ import pytest
 import salt.config
 
 from .test_apply import changed, failed, read_yaml, results, state_sls
-from .test_render import pillar
+from .test_render import CLUSTER_MASTERS, pillar
 
 SECRET = "cluster-secret-marker-" + "4" * 20
 SETTINGS = {"install_packages": False, "manage_services": True}
@@ -20,7 +20,7 @@ SETTINGS = {"install_packages": False, "manage_services": True}
 
 def cluster_pillar(**cluster):
     section = {"balancer": "127.0.0.10", "id": "c1", "secret": SECRET, **cluster}
-    return pillar(mode="cluster", cluster=section, **SETTINGS)
+    return pillar(mode="cluster", cluster=section, masters=CLUSTER_MASTERS, **SETTINGS)
 
 
 @pytest.mark.parametrize("isolated", [True, False])
@@ -40,7 +40,7 @@ def test_cluster_options_in_a_0600_file_salt_loads(salt_env, isolated):
     assert opts["interface"] == "127.0.0.3"
     assert opts["cluster_isolated_filesystem"] is isolated
     assert opts["cluster_pki_dir"] == str(env.master_pki.parent / "cluster")
-    assert opts["keys.cache_driver"] == ("mmap_key" if isolated else "localfs_key")
+    assert opts["keys.cache_driver"] == "localfs_key"
     assert changed(state_sls(env, "multimaster.cluster")) == []
     clean = state_sls(env, "multimaster.master.clean")
     assert "multimaster-master-clean-cluster-config-file-absent" in changed(clean)
@@ -65,7 +65,7 @@ def test_haproxy_config_installed_and_a_bad_one_refused(salt_env, tmp_path):
     ret = state_sls(env_ok, "multimaster.haproxy", pillar={"multimaster": unmanaged})
     assert not failed(ret), ret
     good = config.read_text()
-    assert "bind 127.0.0.10:4505" in good and "server master2 127.0.0.3:4506" in good
+    assert "bind 127.0.0.10:4505" in good and "server 127.0.0.3 127.0.0.3:4506" in good
     # A balancer address that does not resolve: haproxy -c refuses, the live file stays.
     bad = {"manage_services": False, "cluster": {"balancer": "no-such-host.invalid"}}
     ret = state_sls(env_ok, "multimaster.haproxy", pillar={"multimaster": bad})

@@ -66,6 +66,11 @@ MASTERS = [
 
 
 CLUSTER = {"balancer": "127.0.0.10", "id": "c1", "secret": "s" * 40}
+# Salt's cluster names a peer by its id and dials it by the same string: ids are addresses.
+CLUSTER_MASTERS = [
+    {"id": "127.0.0.2", "host": "127.0.0.2", "minion_id": "master1"},
+    {"id": "127.0.0.3", "host": "127.0.0.3", "minion_id": "master2"},
+]
 
 
 def pillar(**extra):
@@ -87,11 +92,15 @@ VARIANTS = {
         "master2",
         pillar(mode="failover", signing={"enabled": True, "public_key": SIGN_PUB}),
     ),
-    "cluster": ("master2", pillar(mode="cluster", cluster=CLUSTER)),
+    "cluster": ("master2", pillar(mode="cluster", cluster=CLUSTER, masters=CLUSTER_MASTERS)),
     # Every other minion's pillar lacks the secret (targeted at the masters only).
     "cluster-plain-minion": (
         "web1",
-        pillar(mode="cluster", cluster={k: v for k, v in CLUSTER.items() if k != "secret"}),
+        pillar(
+            mode="cluster",
+            masters=CLUSTER_MASTERS,
+            cluster={k: v for k, v in CLUSTER.items() if k != "secret"},
+        ),
     ),
     "ipc-tcp": ("master2", pillar(minion={"ipc_mode": "tcp", "tcp_pub_port": 4610})),
     "gitfs-acl": (

@@ -14,6 +14,8 @@ from .keyfactory import pub_pem, rsa_private
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 PEM = pub_pem(rsa_private(tag=30))
+# Salt's cluster names a peer by its id and dials it by the same string.
+CLUSTER_MASTERS = [{"id": h, "host": h} for h in ("10.0.3.61", "10.0.3.230")]
 
 
 def build(defaults, **pillar):
@@ -172,7 +174,12 @@ def test_failover_with_signing_configs(defaults):
 
 
 def test_cluster_minions_know_only_the_balancer(defaults):
-    settings = build(defaults, mode="cluster", cluster={"id": "c1", "balancer": "lb.example.com"})
+    settings = build(
+        defaults,
+        mode="cluster",
+        masters=CLUSTER_MASTERS,
+        cluster={"id": "c1", "balancer": "lb.example.com"},
+    )
     minion = ms.minion_config(settings)
     assert minion["master"] == ["lb.example.com"]
     assert minion["master_type"] == "str"
@@ -225,7 +232,11 @@ def test_config_passthrough_is_applied_last(defaults):
 
 @pytest.mark.parametrize("mode", ["hot", "failover", "cluster"])
 def test_every_mode_builds_with_minimal_pillar(defaults, mode):
-    extra = {"cluster": {"id": "c1", "balancer": "lb"}} if mode == "cluster" else {}
+    extra = (
+        {"cluster": {"id": "c1", "balancer": "lb"}, "masters": CLUSTER_MASTERS}
+        if mode == "cluster"
+        else {}
+    )
     settings = build(defaults, mode=mode, **extra)
     assert settings["mode"] == mode
     assert ms.minion_config(settings)["master"]

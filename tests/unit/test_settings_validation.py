@@ -27,6 +27,16 @@ def pillar(**overrides):
     return data
 
 
+CM1 = {"id": "10.0.3.61", "host": "10.0.3.61"}
+CM2 = {"id": "10.0.3.230", "host": "10.0.3.230"}
+
+
+def cluster(masters=None, **cluster_section):
+    """Mode cluster: master ids are their addresses, as Salt's cluster needs."""
+    section = {"balancer": "lb", "id": "c1", **cluster_section}
+    return pillar(mode="cluster", masters=masters or [dict(CM1), dict(CM2)], cluster=section)
+
+
 def failover(**overrides):
     return pillar(mode="failover", **overrides)
 
@@ -199,7 +209,12 @@ CASES = {
         "no 'failover' section with mode 'hot'",
     ),
     "failover-in-cluster": (
-        pillar(mode="cluster", cluster={"id": "c1", "balancer": "lb"}, failover={"shuffle": True}),
+        pillar(
+            mode="cluster",
+            masters=[CM1, CM2],
+            cluster={"id": "c1", "balancer": "lb"},
+            failover={"shuffle": True},
+        ),
         "failover",
         js({"shuffle": True}),
         "no 'failover' section with mode 'cluster'",
@@ -259,83 +274,67 @@ CASES = {
     ),
     # cluster
     "cluster-without-balancer": (
-        pillar(mode="cluster", cluster={"id": "c1"}),
+        pillar(mode="cluster", masters=[CM1, CM2], cluster={"id": "c1"}),
         "cluster:balancer",
         js(""),
         "the load balancer address minions use in mode 'cluster'",
     ),
     "cluster-balancer-not-a-string": (
-        pillar(mode="cluster", cluster={"id": "c1", "balancer": ["lb1", "lb2"]}),
+        cluster(balancer=["lb1", "lb2"]),
         "cluster:balancer",
         js(["lb1", "lb2"]),
         "the load balancer address",
     ),
     "cluster-without-id": (
-        pillar(mode="cluster", cluster={"balancer": "lb"}),
+        pillar(mode="cluster", masters=[CM1, CM2], cluster={"balancer": "lb"}),
         "cluster:id",
         js(""),
         "the cluster_id",
     ),
     "cluster-id-with-a-space": (
-        pillar(mode="cluster", cluster={"balancer": "lb", "id": "my cluster"}),
+        cluster(id="my cluster"),
         "cluster:id",
         js("my cluster"),
         "the cluster_id",
     ),
     "cluster-secret-too-short": (
-        pillar(mode="cluster", cluster={"balancer": "lb", "id": "c1", "secret": "hunter2"}),
+        cluster(secret="hunter2"),
         "cluster:secret",
         multimaster_settings.MASK,
         "at least 32 characters",
     ),
     "cluster-secret-not-a-string": (
-        pillar(mode="cluster", cluster={"balancer": "lb", "id": "c1", "secret": 12345}),
+        cluster(secret=12345),
         "cluster:secret",
         multimaster_settings.MASK,
         "at least 32 characters",
     ),
     "cluster-master-on-a-wildcard": (
-        pillar(
-            mode="cluster",
-            cluster={"balancer": "lb", "id": "c1"},
-            masters=[dict(M1, interface="0.0.0.0"), dict(M2)],
-        ),
+        cluster(masters=[dict(CM1, interface="0.0.0.0"), dict(CM2)]),
         "masters[0]:interface",
         js("0.0.0.0"),
         "not a wildcard",
     ),
-    "cluster-masters-share-an-address": (
-        pillar(
-            mode="cluster",
-            cluster={"balancer": "lb", "id": "c1"},
-            masters=[dict(M1), dict(M2, interface=M1["host"])],
-        ),
-        "masters[1]:interface",
-        js(M1["host"]),
-        "unique",
+    "cluster-master-id-is-not-its-address": (
+        cluster(masters=[dict(M1), dict(M2)]),
+        "masters[0]:id",
+        js("master1"),
+        "the master's own address '10.0.3.61' in mode 'cluster'",
     ),
     "cluster-peers-name-itself": (
-        pillar(
-            mode="cluster",
-            cluster={"balancer": "lb", "id": "c1"},
-            masters=[dict(M1), dict(M2, cluster_peers=[M2["host"]])],
-        ),
+        cluster(masters=[dict(CM1), dict(CM2, cluster_peers=[CM2["host"]])]),
         "masters[1]:cluster_peers",
-        js([M2["host"]]),
+        js([CM2["host"]]),
         "the other masters' addresses",
     ),
     "cluster-fingerprint-not-sha256": (
-        pillar(
-            mode="cluster",
-            cluster={"balancer": "lb", "id": "c1"},
-            masters=[dict(M1), dict(M2, cluster_pub_fingerprint="ab:cd")],
-        ),
+        cluster(masters=[dict(CM1), dict(CM2, cluster_pub_fingerprint="ab:cd")]),
         "masters[1]:cluster_pub_fingerprint",
         js("ab:cd"),
         "64 hex digits",
     ),
     "cluster-pool-port-is-ret-port": (
-        pillar(mode="cluster", cluster={"balancer": "lb", "id": "c1", "pool_port": 4506}),
+        cluster(pool_port=4506),
         "cluster:pool_port",
         "4506",
         "a port other than the publish and ret ports",
