@@ -8,7 +8,10 @@ balancer of a master cluster: a configuration HAProxy refuses never replaces the
 """
 
 import difflib
+import os
+import tempfile
 
+import salt.utils.yaml
 from salt.exceptions import CommandExecutionError
 
 try:
@@ -314,4 +317,57 @@ def haproxy_running(name, pidfile, reload=False):
         ret.update(result=False, comment=str(exc))
         return ret
     ret.update(changes={"haproxy": done}, comment=f"HAProxy of {name} {done}")
+    return ret
+
+
+def cluster_config_managed(name):
+    """
+    Ensure ``name`` (a ``master.d`` file, mode 0600) holds this master's cluster options from the
+    pillar ``multimaster`` (mode cluster), ``cluster_secret`` among them. The options are
+    computed here, at run time: passed as a state argument, the secret would be stored in the
+    minion's ``highstate.cache.p`` with the rest of the compiled states. The return never shows
+    the content. The file is written atomically (temp file in the same directory, rename).
+
+    name
+        The file to manage.
+
+    CLI Example:
+
+    .. code-block:: yaml
+
+        multimaster-cluster-config-file-managed:
+          multimaster.cluster_config_managed:
+            - name: /etc/salt/master.d/multimaster-cluster.conf
+    """
+    ret = {"name": name, "result": True, "changes": {}, "comment": ""}
+    config = __salt__["multimaster.settings"](redact=False)["config"].get("cluster")
+    if not config:
+        ret.update(result=False, comment="no cluster options: mode is not cluster on this master")
+        return ret
+    text = salt.utils.yaml.safe_dump(config, default_flow_style=False)
+    current = multimaster_haproxy.read(name)
+    mode_ok = current is not None and (os.stat(name).st_mode & 0o777) == 0o600
+    if current == text and mode_ok:
+        ret["comment"] = f"{name} is up to date"
+        return ret
+    if __opts__["test"]:
+        ret.update(
+            result=None, changes={"diff": "<secret: not shown>"}, comment=f"{name} would be updated"
+        )
+        return ret
+    directory = os.path.dirname(name)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    # mkstemp creates the file 0600: the secret is never readable by others, not even briefly.
+    fd, staged = tempfile.mkstemp(prefix=".multimaster-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staged, name)
+    except OSError as exc:
+        os.unlink(staged)
+        ret.update(result=False, comment=f"cannot write {name}: {exc.strerror}")
+        return ret
+    ret.update(changes={"diff": "<secret: not shown>"}, comment=f"{name} updated")
     return ret

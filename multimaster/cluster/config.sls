@@ -13,15 +13,11 @@ multimaster-cluster-config-mode-not-cluster:
         mode cluster
 {%- elif master %}
 
-{#- cluster_secret lives here: mode 0600, no diff in the job return, never an argument. #}
+{#- cluster_secret lives in this 0600 file only: the state computes the options at run time,
+    so the secret is no state argument (those are cached in highstate.cache.p), and no diff. #}
 multimaster-cluster-config-file-managed:
-  file.serialize:
+  multimaster.cluster_config_managed:
     - name: {{ master.config_dir }}/master.d/{{ mapdata.lookup.cluster_config_file }}
-    - dataset: {{ mapdata.config.cluster | json }}
-    - serializer: yaml
-    - mode: '0600'
-    - makedirs: true
-    - show_changes: false
 {%- else %}
 
 multimaster-cluster-config-not-a-control-minion:

@@ -24,7 +24,7 @@ multimaster-master-service-running-master-restarted:
     - onchanges:
       - file: multimaster-master-config-file-managed
 {%-   if mapdata.mode == "cluster" %}
-      - file: multimaster-cluster-config-file-managed
+      - multimaster: multimaster-cluster-config-file-managed
 {%-   endif %}
 {%- else %}
 

@@ -33,6 +33,14 @@ def test_cluster_options_in_a_0600_file_salt_loads(salt_env, isolated):
     path = env.conf_dir / "master.d" / "multimaster-cluster.conf"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert read_yaml(path)["cluster_secret"] == SECRET
+    # Not in the compiled states Salt caches (highstate.cache.p) nor anywhere else but the
+    # pillar source.
+    holders = {
+        str(p.relative_to(env.base))
+        for p in env.base.rglob("*")
+        if p.is_file() and SECRET.encode() in p.read_bytes()
+    }
+    assert holders == {"conf/master.d/multimaster-cluster.conf", "pillar/multimaster.sls"}
     # Salt's own loader: the types it validates, the values the master will run with.
     opts = salt.config.master_config(str(env.conf_dir / "master"))
     assert opts["cluster_id"] == "c1"
