@@ -23,10 +23,12 @@ import time
 import salt.cache
 import salt.client
 import salt.config
+import salt.runner
 import salt.utils.json
 from salt.exceptions import SaltClientError, SaltInvocationError
 
 try:
+    import multimaster_daemon
     import multimaster_ids
     import multimaster_keys
     import multimaster_keystore
@@ -1330,12 +1332,58 @@ def _keys_differ(section, timeout):
     return dict(sorted(differing.items())[:SHOWN])
 
 
+def _cluster_status(section):
+    """
+    Mode cluster: Salt's Raft membership as this master sees it (``cluster.members``), every
+    configured master a member, a leader elected, and the balancer's frontends and each master's
+    publish/return ports (what HAProxy's health checks probe) accepting connections.
+    """
+    ports = section["ports"]
+    expected = [multimaster_settings.cluster_address(m) for m in section["masters"]]
+    try:
+        members = salt.runner.RunnerClient(__opts__).cmd("cluster.members", print_event=False)
+    except Exception as exc:  # pylint: disable=broad-except
+        members = {"error": f"cluster.members failed: {exc}"}
+    if not isinstance(members, dict):
+        members = {"error": f"cluster.members returned {members!r}"}
+    known = set(members.get("voters", [])) | set(members.get("learners", []))
+    ret = {
+        "cluster": {
+            "voters": members.get("voters", []),
+            "learners": members.get("learners", []),
+            "leader": members.get("leader_id"),
+            "missing": [address for address in expected if address not in known],
+        },
+        "backends": {
+            address: {
+                name: multimaster_daemon.port_open(address, ports[name])
+                for name in ("publish", "ret")
+            }
+            for address in expected
+        },
+    }
+    if members.get("error"):
+        ret["cluster"]["error"] = members["error"]
+    balancer = (section.get("cluster") or {}).get("balancer")
+    if balancer:
+        ret["balancer"] = {
+            name: multimaster_daemon.port_open(balancer, ports[name]) for name in ("publish", "ret")
+        }
+    down = [a for a, up in ret["backends"].items() if not all(up.values())]
+    ret["backends_down"] = down
+    failed = bool(ret["cluster"]["missing"] or down or not ret["cluster"]["leader"])
+    failed = failed or "error" in ret["cluster"] or not all(ret.get("balancer", {}).values())
+    return _finish(ret, failed)
+
+
 def status(masters=None, timeout=30, ping_timeout=5, test=False):
     """
     One report: which masters answer, whether they store and serve the same master key, whether
     their minion-key sets are equal (digests, and the differing ids), problems of their key
     stores, whether their roots are equal (a digest per master per root, and the differing
     paths), which commits they serve per git remote, and which masters each minion answers.
+    In mode cluster: the Raft members as this master sees them (voters, learners, leader,
+    configured masters missing), the balancer's frontends and every master's ports up.
     Read-only: ``test=True`` (accepted like every runner here) changes nothing either.
 
     masters
@@ -1357,6 +1405,8 @@ def status(masters=None, timeout=30, ping_timeout=5, test=False):
         section = _section(masters)
     except SaltInvocationError as exc:
         return _refused(exc)
+    if section["mode"] == "cluster":
+        return _cluster_status(section)
     order = _ids(section)
     signing = _signing(section)
     ret = {"masters": {}}

@@ -202,6 +202,24 @@ def test_jobs_from_each_master_reach_every_minion(cluster_set):
         )
 
 
+def cluster_status(master):
+    cli = master.salt_run_cli(timeout=120)
+    assert cli.run("saltutil.sync_all").returncode == 0
+    return cli.run("multimaster.status")
+
+
+def test_status_understands_cluster_mode(cluster_set):
+    ret = cluster_status(cluster_set["masters"][0])
+    assert ret.returncode == 0, ret
+    report = ret.data
+    assert sorted(report["cluster"]["voters"]) == list(HOSTS)
+    assert report["cluster"]["leader"] in HOSTS
+    assert report["cluster"]["missing"] == []
+    assert report["balancer"] == {"publish": True, "ret": True}
+    assert report["backends_down"] == []
+    assert report["retcode"] == 0
+
+
 def test_the_secret_is_only_in_the_masters_0600_files(cluster_set):
     """
     After the formula ran and jobs went through every master, the planted secret is in each
@@ -301,3 +319,8 @@ def test_one_master_stopped_the_others_still_reach_every_minion(cluster_set):
             2,
             f"every minion to answer {master.id} with {stopped.id} down",
         )
+    # status names the stopped master's ports as down and fails.
+    ret = cluster_status(cluster_set["masters"][0])
+    assert ret.returncode == 1, ret
+    assert ret.data["backends_down"] == [stopped.id]
+    assert ret.data["balancer"] == {"publish": True, "ret": True}
