@@ -8,8 +8,9 @@ balancer of a master cluster: a configuration HAProxy refuses never replaces the
 """
 
 import difflib
+import hashlib
 import os
-import tempfile
+import stat
 
 import salt.utils.yaml
 from salt.exceptions import CommandExecutionError
@@ -17,6 +18,7 @@ from salt.exceptions import CommandExecutionError
 try:
     import multimaster_haproxy
     import multimaster_keys
+    import multimaster_roots
 
     HAS_UTILS = True
 except ImportError:
@@ -344,10 +346,17 @@ def cluster_config_managed(name):
     if not config:
         ret.update(result=False, comment="no cluster options: mode is not cluster on this master")
         return ret
-    text = salt.utils.yaml.safe_dump(config, default_flow_style=False)
-    current = multimaster_haproxy.read(name)
-    mode_ok = current is not None and (os.stat(name).st_mode & 0o777) == 0o600
-    if current == text and mode_ok:
+    data = salt.utils.yaml.safe_dump(config, default_flow_style=False).encode()
+    try:
+        st = os.lstat(name)
+        current = (
+            stat.S_ISREG(st.st_mode)
+            and st.st_mode & 0o777 == 0o600
+            and (multimaster_roots.sha256_file(name) == hashlib.sha256(data).hexdigest())
+        )
+    except FileNotFoundError:
+        current = False
+    if current:
         ret["comment"] = f"{name} is up to date"
         return ret
     if __opts__["test"]:
@@ -355,19 +364,13 @@ def cluster_config_managed(name):
             result=None, changes={"diff": "<secret: not shown>"}, comment=f"{name} would be updated"
         )
         return ret
-    directory = os.path.dirname(name)
+    directory, base = os.path.split(name)
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    # mkstemp creates the file 0600: the secret is never readable by others, not even briefly.
-    fd, staged = tempfile.mkstemp(prefix=".multimaster-", suffix=".tmp", dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(staged, name)
+        # Staged 0600 beside it, fsync'd, renamed; never through a link.
+        multimaster_roots.write_file(directory, base, [data], 0o600)
     except OSError as exc:
-        os.unlink(staged)
-        ret.update(result=False, comment=f"cannot write {name}: {exc.strerror}")
+        ret.update(result=False, comment=f"cannot write {name}: {exc.strerror or exc}")
         return ret
     ret.update(changes={"diff": "<secret: not shown>"}, comment=f"{name} updated")
     return ret

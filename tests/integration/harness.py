@@ -106,10 +106,9 @@ def copy_master_keypair(source, target):
     devkit.copy_master_keypair(source.config["pki_dir"], target.config["pki_dir"])
 
 
-def preaccept(minion, masters):
+def give_keypair(minion):
     """
-    Give ``minion`` (a factory not started yet) a keypair and place its public key as accepted
-    on each of ``masters``: set-up that fires no key event.
+    Give ``minion`` (a factory not started yet) a keypair of its own; returns the public PEM.
     """
     key = devkit.new_rsa_key()
     pki = pathlib.Path(minion.config["pki_dir"])
@@ -117,10 +116,31 @@ def preaccept(minion, masters):
     (pki / "minion.pem").write_text(devkit.private_pem(key))
     (pki / "minion.pem").chmod(0o400)
     (pki / "minion.pub").write_text(devkit.public_pem(key))
+    return devkit.public_pem(key)
+
+
+def preaccept(minion, masters):
+    """
+    Give ``minion`` (a factory not started yet) a keypair and place its public key as accepted
+    on each of ``masters``: set-up that fires no key event.
+    """
+    pub = give_keypair(minion)
     for master in masters:
         accepted = pathlib.Path(master.config["pki_dir"]) / "minions" / minion.id
         accepted.parent.mkdir(parents=True, exist_ok=True)
-        accepted.write_text(devkit.public_pem(key))
+        accepted.write_text(pub)
+
+
+def formula_master_options(formula, pillar_dir):
+    """
+    The pillar's ``multimaster:master`` section of a test set: every master serves the copied
+    ``formula`` and the test's ``pillar_dir``, and keeps the repository tooling out of it.
+    """
+    return {
+        "file_roots": {"base": [str(formula)]},
+        "pillar_roots": {"base": [str(pillar_dir)]},
+        "config": {"file_ignore_regex": FILE_IGNORE_REGEX},
+    }
 
 
 def share_minion_key(minion_id, source, targets):

@@ -92,11 +92,7 @@ def cluster_set(salt_factories, tmp_path_factory):
         mode="cluster",
         install_packages=False,
         manage_services=True,
-        master={
-            "file_roots": {"base": [str(formula)]},
-            "pillar_roots": {"base": [str(pillar_dir)]},
-            "config": {"file_ignore_regex": harness.FILE_IGNORE_REGEX},
-        },
+        master=harness.formula_master_options(formula, pillar_dir),
         cluster={
             "balancer": BALANCER,
             "id": CLUSTER_ID,
@@ -153,15 +149,10 @@ def cluster_set(salt_factories, tmp_path_factory):
             factory = masters[0].salt_minion_daemon(
                 minion_id, overrides=harness.minion_overrides(BALANCER, PORTS)
             )
-            key = devkit.new_rsa_key()
-            pki = pathlib.Path(factory.config["pki_dir"])
-            pki.mkdir(parents=True, exist_ok=True)
-            (pki / "minion.pem").write_text(devkit.private_pem(key))
-            (pki / "minion.pem").chmod(0o400)
-            (pki / "minion.pub").write_text(devkit.public_pem(key))
+            pub = harness.give_keypair(factory)
             # Key consistency is the tool's job in a cluster: accepted on every peer.
             for opts in mopts:
-                multimaster_keystore.write(opts, [(minion_id, "accepted", devkit.public_pem(key))])
+                multimaster_keystore.write(opts, [(minion_id, "accepted", pub)])
             stack.callback(kill_daemons_of, factory.config_dir)
             stack.callback(factory.terminate)
             factory.start(start_timeout=START_TIMEOUT)

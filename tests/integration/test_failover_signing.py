@@ -89,11 +89,7 @@ def signing_set(salt_factories, tmp_path_factory):
         mode="failover",
         install_packages=False,
         manage_services=True,
-        master={
-            "file_roots": {"base": [str(formula)]},
-            "pillar_roots": {"base": [str(pillar_dir)]},
-            "config": {"file_ignore_regex": harness.FILE_IGNORE_REGEX},
-        },
+        master=harness.formula_master_options(formula, pillar_dir),
         failover={"alive_interval": ALIVE_INTERVAL, "failback": False},
         signing={"enabled": True, "public_key": devkit.public_pem(sign_key)},
     )

@@ -12,6 +12,7 @@ import time
 import multimaster_haproxy as mh
 import multimaster_settings as ms
 import pytest
+import salt.config
 import yaml
 from salt.exceptions import CommandExecutionError
 
@@ -159,7 +160,11 @@ def test_haproxy_starts_and_reloads_gracefully_from_its_pidfile(defaults, tmp_pa
     assert mh.running_pids(str(pidfile), str(config)) == []
 
 
-def test_cluster_file_is_plain_yaml_salt_reads(defaults):
+def test_cluster_options_keep_their_types_through_salts_master_config(defaults):
     settings = cluster(defaults)
     config = ms.cluster_config(settings, settings["masters"][0], "/etc/salt/pki/master")
-    assert yaml.safe_load(yaml.safe_dump(config)) == config
+    # As the master reads the file: YAML, then Salt's own option handling and type checks.
+    opts = salt.config.apply_master_config(overrides=yaml.safe_load(yaml.safe_dump(config)))
+    for key, value in config.items():
+        assert opts[key] == value, key
+    assert opts["cluster_peers"] == HOSTS[1:]
