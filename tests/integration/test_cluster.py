@@ -247,13 +247,17 @@ def test_a_fourth_master_joins_with_the_secret_and_the_balancer_takes_it(cluster
         ),
         on_auth_event_callback=lambda *_: None,
     )
+    leader = members(masters[0])["leader_id"]
+    assert leader in HOSTS
     section["masters"].append(
         devkit.master_entry(
             JOINER,
             JOINER,
             factory.config_dir,
             minion_id=control_minion_id(3),
-            cluster_peers=[HOSTS[0]],
+            # Salt 3008.3: a joiner talks only to the peers in its list, so its one peer must
+            # be the Raft leader (it cannot answer another leader's append-entries).
+            cluster_peers=[leader],
         )
     )
     devkit.write_config(cluster_set["pillar_dir"] / "multimaster.sls", {"multimaster": section})
