@@ -9,6 +9,7 @@ only the balancer.
 import contextlib
 import copy
 import pathlib
+import shutil
 import stat
 import time
 
@@ -67,6 +68,24 @@ def cluster_formed(masters, cluster_pki_dirs):
     return len(aes) == 1 and None not in aes
 
 
+def own_roots(tmp_path_factory, host, pillar_dir):
+    """
+    A master's own ``file_roots`` (a formula copy) and ``pillar_roots`` (filled from
+    ``pillar_dir`` by ``sync_pillar``). With an isolated filesystem Salt copies a peer's roots
+    into a joining master's, over the files it serves: masters on one host must not share a path.
+    """
+    formula = harness.copy_formula(tmp_path_factory.mktemp(f"{PREFIX}-formula-{host}"))
+    pillar = pillar_dir.parent / f"pillar-{host}"
+    pillar.mkdir()
+    return {"file_roots": {"base": [str(formula)]}, "pillar_roots": {"base": [str(pillar)]}}
+
+
+def sync_pillar(pillar_dir, section):
+    """Copy the pillar the control minions read into every master's own ``pillar_roots``."""
+    for master in section["masters"]:
+        shutil.copytree(pillar_dir, master["pillar_roots"]["base"][0], dirs_exist_ok=True)
+
+
 @pytest.fixture(scope="module")
 def cluster_set(salt_factories, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"{PREFIX}-set")
@@ -83,7 +102,13 @@ def cluster_set(salt_factories, tmp_path_factory):
         for i, host in enumerate(HOSTS)
     ]
     entries = [
-        devkit.master_entry(m.id, HOSTS[i], m.config_dir, minion_id=control_minion_id(i))
+        devkit.master_entry(
+            m.id,
+            HOSTS[i],
+            m.config_dir,
+            minion_id=control_minion_id(i),
+            **own_roots(tmp_path_factory, HOSTS[i], pillar_dir),
+        )
         for i, m in enumerate(masters)
     ]
     section = devkit.multimaster_section(
@@ -114,6 +139,7 @@ def cluster_set(salt_factories, tmp_path_factory):
     devkit.write_config(
         pillar_dir / "cluster_secret.sls", {"multimaster": {"cluster": {"secret": SECRET}}}
     )
+    sync_pillar(pillar_dir, section)
     local = {
         "file_client": "local",
         "file_roots": {"base": [str(formula)]},
@@ -232,7 +258,9 @@ def test_the_secret_is_only_in_the_masters_0600_files(cluster_set):
     assert not leaks
 
 
-def test_a_fourth_master_joins_with_the_secret_and_the_balancer_takes_it(cluster_set):
+def test_a_fourth_master_joins_with_the_secret_and_the_balancer_takes_it(
+    cluster_set, tmp_path_factory
+):
     """
     master4 knows one peer and the secret; it joins the running cluster, ``multimaster.haproxy``
     re-applied adds it to the backends (a graceful reload). It becomes a voter and holds the
@@ -258,9 +286,11 @@ def test_a_fourth_master_joins_with_the_secret_and_the_balancer_takes_it(cluster
             # Salt 3008.3: a joiner talks only to the peers in its list, so its one peer must
             # be the Raft leader (it cannot answer another leader's append-entries).
             cluster_peers=[leader],
+            **own_roots(tmp_path_factory, JOINER, cluster_set["pillar_dir"]),
         )
     )
     devkit.write_config(cluster_set["pillar_dir"] / "multimaster.sls", {"multimaster": section})
+    sync_pillar(cluster_set["pillar_dir"], section)
     cm = factory.salt_minion_daemon(control_minion_id(3), overrides=cluster_set["local"])
     apply_local(cm, "multimaster.cluster")
     pids_before = harness.read_pid(cluster_set["lb_dir"] / "haproxy.pid")
