@@ -319,6 +319,120 @@ def apply_key_actions(transfer, order):
     }
 
 
+# --- cluster peer keys -----------------------------------------------------------------------
+
+
+def _cluster_local():
+    """
+    ``(master, section, mopts, peers dir)`` of this host's cluster master; refuses any other mode.
+    """
+    master, section = _local()
+    mopts = multimaster_keystore.master_opts(master["config_dir"])
+    if section["mode"] != "cluster" or not mopts.get("cluster_id"):
+        raise CommandExecutionError(
+            f"{master['id']}: not a cluster master (mode {section['mode']!r}, cluster_id "
+            f"{mopts.get('cluster_id')!r} in {master['config_dir']}/master)"
+        )
+    return master, section, mopts, os.path.join(mopts["cluster_pki_dir"], "peers")
+
+
+def _held_peer_keys(peers_dir):
+    """
+    ``{peer id: fingerprint}`` of the ``<id>.pub`` files in ``peers_dir`` (None: unreadable).
+    """
+    held = {}
+    if not os.path.isdir(peers_dir):
+        return held
+    for name in sorted(os.listdir(peers_dir)):
+        path = os.path.join(peers_dir, name)
+        if not name.endswith(".pub") or os.path.islink(path) or not os.path.isfile(path):
+            continue
+        with salt.utils.files.fopen(path, "r") as handle:
+            text = handle.read()
+        try:
+            held[name[: -len(".pub")]] = multimaster_keys.fingerprint(
+                multimaster_keys.canonical(text, name)
+            )
+        except multimaster_keys.InvalidKeyError:
+            held[name[: -len(".pub")]] = None
+    return held
+
+
+def cluster_peer_keys():
+    """
+    The cluster peer public keys this master holds (``cluster_pki_dir/peers/<id>.pub``, by
+    fingerprint) and a challenge for the runner's next order. Public data only.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.share_peer_keys   # the runner calls this
+    """
+    master, _, _, peers_dir = _cluster_local()
+    return {"held": _held_peer_keys(peers_dir), "binding": _binding(master)}
+
+
+def install_cluster_peer_keys(keys, order):
+    """
+    Add the cluster peer public keys ``keys`` (``{master address: PEM}``) this master lacks to
+    its ``cluster_pki_dir/peers/``. ``order`` is the runner's signature over them, bound to a
+    challenge from ``cluster_peer_keys``; without a valid one nothing happens. Only the other
+    configured masters of the pillar, only a strict RSA public key; a key that differs from one
+    held here is never replaced (a conflict: a forged key would let its holder read the peers'
+    AES keys). Every key is checked before any is written.
+
+    keys
+        ``{address: PEM}`` of the peers.
+
+    order
+        The signed order from the runner.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.share_peer_keys   # the runner calls this; not meant for the CLI
+    """
+    master, section, _, peers_dir = _cluster_local()
+    if not isinstance(keys, dict):
+        raise CommandExecutionError(f"keys: got {type(keys).__name__}; expected {{address: PEM}}")
+    multimaster_seal.check_order(
+        order,
+        {"keys": keys},
+        "cluster_peer_keys",
+        __opts__["id"],
+        _read_own("minion_master.pub"),
+        _expect(master),
+        _challenges(),
+    )
+    own = multimaster_settings.cluster_address(master)
+    peers = {multimaster_settings.cluster_address(m) for m in section["masters"]} - {own}
+    checked = {}
+    for peer, pem in sorted(keys.items()):
+        if peer not in peers:
+            raise CommandExecutionError(
+                f"peer key for {peer!r}: not another master of multimaster:masters "
+                f"(expected one of {sorted(peers)})"
+            )
+        checked[peer] = multimaster_keys.canonical(pem, f"peer key of {peer!r}")
+    held = _held_peer_keys(peers_dir)
+    ret = {"written": [], "unchanged": [], "conflicts": {}}
+    for peer, pem in checked.items():
+        fp = multimaster_keys.fingerprint(pem)
+        if peer in held:
+            if held[peer] == fp:
+                ret["unchanged"].append(peer)
+            else:
+                ret["conflicts"][peer] = {"held": held[peer], "offered": fp}
+            continue
+        multimaster_roots.write_file(peers_dir, f"{peer}.pub", [pem.encode()], 0o644)
+        ret["written"].append(peer)
+    if ret["written"]:
+        log.info("multimaster: cluster peer keys added: %s", ", ".join(ret["written"]))
+    return ret
+
+
 # --- master key ------------------------------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ import salt.cache
 import salt.client
 import salt.config
 import salt.runner
+import salt.utils.files
 import salt.utils.json
 from salt.exceptions import SaltClientError, SaltInvocationError
 
@@ -198,8 +199,13 @@ def _staged(section, master, document):
 
 def _signer_key():
     """
-    This master's own private key (signs orders and envelopes; never leaves this process).
+    This master's own private key (signs orders and envelopes; never leaves this process). In
+    a cluster the minions trust the cluster's key (``cluster.pub``), so that one signs.
     """
+    if __opts__.get("cluster_id"):
+        path = os.path.join(__opts__["cluster_pki_dir"], "cluster.pem")
+        with salt.utils.files.fopen(path, "r") as handle:
+            return handle.read()
     name_pem, _ = multimaster_keystore.master_key_files(__opts__, False)
     return salt.cache.Cache(__opts__, driver=__opts__["keys.cache_driver"]).fetch(
         "master_keys", name_pem
@@ -1330,6 +1336,108 @@ def _keys_differ(section, timeout):
         if len({tuple(e) if e else None for e in seen.values()}) > 1:
             differing[minion_id] = {m: (e.state if e else None) for m, e in seen.items()}
     return dict(sorted(differing.items())[:SHOWN])
+
+
+def _own_peer_keys(section):
+    """
+    ``({address: PEM}, [addresses missing here])`` of the configured masters' keys in this
+    master's ``cluster_pki_dir/peers/``; an unreadable or invalid one counts as missing.
+    """
+    peers_dir = os.path.join(__opts__["cluster_pki_dir"], "peers")
+    keys, missing = {}, []
+    for master in section["masters"]:
+        address = multimaster_settings.cluster_address(master)
+        path = os.path.join(peers_dir, f"{address}.pub")
+        try:
+            with salt.utils.files.fopen(path, "r") as handle:
+                keys[address] = multimaster_keys.canonical(handle.read(), path)
+        except (OSError, multimaster_keys.InvalidKeyError):
+            missing.append(address)
+    return keys, missing
+
+
+def _peer_keys_check(answer):
+    held = answer["held"]
+    if not isinstance(held, dict):
+        raise ValueError("held is not a mapping")
+    return answer
+
+
+def _share_one(section, master, answer, keys, test, timeout):
+    """
+    Give ``master`` the keys it lacks (``answer``: what it holds and its challenge).
+    """
+    address = multimaster_settings.cluster_address(_by_id(section)[master])
+    held = answer["held"]
+    conflicts = sorted(
+        peer
+        for peer, fp in held.items()
+        if peer in keys and fp != multimaster_keys.fingerprint(keys[peer])
+    )
+    missing = {peer: pem for peer, pem in keys.items() if peer != address and peer not in held}
+    report = {"missing": sorted(missing), "conflicts": conflicts}
+    if test or not missing:
+        return dict(report, result=not conflicts, written=[])
+    order = multimaster_seal.order(
+        {"keys": missing},
+        "cluster_peer_keys",
+        _by_id(section)[master]["minion_id"],
+        _signer_key(),
+        _bound(_binding(answer, master)),
+    )
+    answers, errors = _call(
+        section, [master], "install_cluster_peer_keys", {"keys": missing, "order": order}, timeout
+    )
+    if master in errors:
+        return dict(report, result=False, error=errors[master])
+    done = answers[master]
+    conflicts = sorted(set(conflicts) | set(done.get("conflicts") or {}))
+    return dict(report, result=not conflicts, written=done.get("written", []), conflicts=conflicts)
+
+
+def share_peer_keys(masters=None, test=False, timeout=60):
+    """
+    Mode cluster: give every master (or ``masters``) the public keys of its peers that it lacks,
+    from this master's ``cluster_pki_dir/peers/``. Salt 3008.3 hands a joining master only the
+    key of the peer it joined through; without the others it cannot exchange AES keys with them,
+    and its jobs reach no minion served by them. A key that differs from one a master holds is
+    reported as a conflict and never replaced. Public keys only: they travel in the publish,
+    signed with the cluster key and bound to a challenge the receiving control minion issued.
+
+    masters
+        Master ids (a list or comma-separated); default all.
+
+    test
+        Report what is missing, change nothing.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.share_peer_keys
+        salt-run multimaster.share_peer_keys masters=10.0.3.64 test=True
+    """
+    try:
+        section = _section()
+        if section["mode"] != "cluster":
+            raise Refused(f"mode is {section['mode']!r}: peer keys exist in mode cluster only")
+        targets = _id_list(masters, "masters") or _ids(section)
+        unknown = sorted(set(targets) - set(_ids(section)))
+        if unknown:
+            raise Refused(f"masters={unknown}: not in multimaster:masters {_ids(section)}")
+    except Refused as exc:
+        return _refused(exc)
+    keys, not_here = _own_peer_keys(section)
+    answers, errors = _call(section, targets, "cluster_peer_keys", {}, timeout, _peer_keys_check)
+    report = {m: {"result": False, "error": errors[m]} for m in targets if m in errors}
+    for master in targets:
+        if master in answers:
+            _progress(f"{master}: peer keys")
+            report[master] = _share_one(section, master, answers[master], keys, test, timeout)
+    ret = {"masters": report, "not_held_here": not_here}
+    if test:
+        ret["test"] = True
+    return _finish(ret, bool(not_here) or not all(r["result"] for r in report.values()))
 
 
 def _cluster_status(section):

@@ -147,16 +147,17 @@ def cluster_set(salt_factories, tmp_path_factory):
     }
     with contextlib.ExitStack() as stack:
         started = time.monotonic()
+        cms = []
         for index, master in enumerate(masters):
-            cm = master.salt_minion_daemon(control_minion_id(index), overrides=local)
-            apply_local(cm, "multimaster.cluster")
+            cms.append(master.salt_minion_daemon(control_minion_id(index), overrides=local))
+            apply_local(cms[-1], "multimaster.cluster")
         lb = masters[0].salt_minion_daemon(f"{PREFIX}-lb", overrides=local)
         apply_local(lb, "multimaster.haproxy")
+        # Read at teardown: a reload leaves a new haproxy behind the same pidfile.
         stack.callback(
-            devkit.stop_pids,
-            [harness.read_pid(lb_dir / "haproxy.pid")]
-            if harness.read_pid(lb_dir / "haproxy.pid")
-            else [],
+            lambda: devkit.stop_pids(
+                [pid] if (pid := harness.read_pid(lb_dir / "haproxy.pid")) else []
+            )
         )
         applied = time.monotonic() - started
         for factory in masters:
@@ -186,6 +187,7 @@ def cluster_set(salt_factories, tmp_path_factory):
         print(f"\ncluster: formula applied in {applied:.1f} s, formed in {formed:.1f} s")
         yield {
             "masters": masters,
+            "cms": cms,
             "minions": minions,
             "mopts": mopts,
             "section": section,
@@ -258,16 +260,35 @@ def test_the_secret_is_only_in_the_masters_0600_files(cluster_set):
     assert not leaks
 
 
-def test_a_fourth_master_joins_with_the_secret_and_the_balancer_takes_it(
+def joiner_control_minion(cluster_set):
+    """
+    The joining master's control minion: a running minion behind the balancer (its key accepted
+    on the founding peers; the joiner gets it from Salt's join state sync) so that the runners
+    reach it, whose ``salt-call --local`` applies the formula as on a bare host. Made from a
+    running master's factory, which is what confirms that a minion started.
+    """
+    overrides = {k: v for k, v in cluster_set["local"].items() if k != "file_client"}
+    cm = cluster_set["masters"][0].salt_minion_daemon(
+        control_minion_id(3), overrides={**overrides, **harness.minion_overrides(BALANCER, PORTS)}
+    )
+    pub = harness.give_keypair(cm)
+    for opts in cluster_set["mopts"]:
+        multimaster_keystore.write(opts, [(cm.id, "accepted", pub)])
+    return cm
+
+
+def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minion(
     cluster_set, tmp_path_factory
 ):
     """
-    master4 knows one peer and the secret; it joins the running cluster, ``multimaster.haproxy``
-    re-applied adds it to the backends (a graceful reload). It becomes a voter and holds the
-    cluster's AES key and minion keys. (Publishing from it to the minions is not asserted: on
-    Salt 3008.3 its jobs reach no minion, even after a restart knowing every peer.)
+    master4 knows one peer (the leader) and the secret; it joins the running cluster and holds
+    the cluster's AES key and minion keys. Then the README's procedure: ``share_peer_keys`` gives
+    it the other peers' keys (Salt gave it only the leader's), ``multimaster.cluster`` re-applied
+    everywhere with the full peer list restarts every master, ``multimaster.haproxy`` re-applied
+    adds it to the backends (a graceful reload). Its jobs then reach every minion.
     """
     masters, section = cluster_set["masters"], copy.deepcopy(cluster_set["section"])
+    stack = cluster_set["stack"]
     factory = cluster_set["factories"].salt_master_daemon(
         JOINER,
         overrides=harness.master_overrides(
@@ -291,17 +312,11 @@ def test_a_fourth_master_joins_with_the_secret_and_the_balancer_takes_it(
     )
     devkit.write_config(cluster_set["pillar_dir"] / "multimaster.sls", {"multimaster": section})
     sync_pillar(cluster_set["pillar_dir"], section)
-    cm = factory.salt_minion_daemon(control_minion_id(3), overrides=cluster_set["local"])
+    cm = joiner_control_minion(cluster_set)
     apply_local(cm, "multimaster.cluster")
-    pids_before = harness.read_pid(cluster_set["lb_dir"] / "haproxy.pid")
-    states = apply_local(cluster_set["lb"], "multimaster.haproxy")
-    assert harness.state_by_id(states, "multimaster-haproxy-running")["changes"] == {
-        "haproxy": "reloaded"
-    }
-    config = (cluster_set["lb_dir"] / "haproxy.cfg").read_text()
-    assert f"server {JOINER} {JOINER}:{PORTS.ret}" in config
-    assert harness.read_pid(cluster_set["lb_dir"] / "haproxy.pid") != pids_before
-    stack = cluster_set["stack"]
+    stack.callback(kill_daemons_of, cm.config_dir)
+    stack.callback(cm.terminate)
+    cm.start(start_timeout=START_TIMEOUT)
     stack.callback(kill_daemons_of, factory.config_dir)
     stack.callback(factory.terminate)
     started = time.monotonic()
@@ -326,7 +341,57 @@ def test_a_fourth_master_joins_with_the_secret_and_the_balancer_takes_it(
     assert len(aes) == 1
     held, _ = multimaster_keystore.inventory(joiner)
     assert {m: held[m][0] for m in MINIONS} == dict.fromkeys(MINIONS, "accepted")
+    peers_dir = pathlib.Path(joiner["cluster_pki_dir"]) / "peers"
+    assert {p.stem for p in peers_dir.glob("*.pub")} == {leader, JOINER}
+
+    # The founders' peer lists (and runner sections) gain the joiner: the formula restarts them.
+    pki_dirs = [o["cluster_pki_dir"] for o in [*cluster_set["mopts"], joiner]]
+    restarted = time.monotonic()
+    for control in cluster_set["cms"]:
+        apply_local(control, "multimaster.cluster")
     masters.append(factory)
+    harness.wait_for(
+        lambda: cluster_formed(masters, pki_dirs), FORM_TIMEOUT, 2, "the founders to re-form"
+    )
+    print(f"founders restarted and re-formed in {time.monotonic() - restarted:.1f} s")
+
+    runner = masters[0].salt_run_cli(timeout=180)
+    assert runner.run("saltutil.sync_all").returncode == 0
+    # The founders' control minions are local-only here; the joiner's is the one that lacks keys.
+    shared = runner.run("multimaster.share_peer_keys", f"masters={JOINER}")
+    assert shared.returncode == 0, shared
+    assert sorted(shared.data["masters"][JOINER]["written"]) == sorted(set(HOSTS) - {leader})
+    assert {p.stem for p in peers_dir.glob("*.pub")} == {*HOSTS, JOINER}
+    again = runner.run("multimaster.share_peer_keys", f"masters={JOINER}")
+    assert again.returncode == 0, again
+    assert again.data["masters"][JOINER]["written"] == []
+
+    # The joiner with the full peer list: the formula restarts it.
+    del section["masters"][-1]["cluster_peers"]
+    devkit.write_config(cluster_set["pillar_dir"] / "multimaster.sls", {"multimaster": section})
+    sync_pillar(cluster_set["pillar_dir"], section)
+    restarted = time.monotonic()
+    apply_local(cm, "multimaster.cluster")
+    harness.wait_for(
+        lambda: cluster_formed(masters, pki_dirs), FORM_TIMEOUT, 2, "the four masters to re-form"
+    )
+    print(f"joiner restarted, four masters formed in {time.monotonic() - restarted:.1f} s")
+
+    pids_before = harness.read_pid(cluster_set["lb_dir"] / "haproxy.pid")
+    states = apply_local(cluster_set["lb"], "multimaster.haproxy")
+    assert harness.state_by_id(states, "multimaster-haproxy-running")["changes"] == {
+        "haproxy": "reloaded"
+    }
+    config = (cluster_set["lb_dir"] / "haproxy.cfg").read_text()
+    assert f"server {JOINER} {JOINER}:{PORTS.ret}" in config
+    assert harness.read_pid(cluster_set["lb_dir"] / "haproxy.pid") != pids_before
+    for master in masters:
+        harness.wait_for(
+            lambda m=master: answers(m) == sorted(MINIONS),
+            180,
+            2,
+            f"every minion to answer {master.id} in the four-master cluster",
+        )
 
 
 def test_one_master_stopped_the_others_still_reach_every_minion(cluster_set):
@@ -334,8 +399,7 @@ def test_one_master_stopped_the_others_still_reach_every_minion(cluster_set):
     stopped = cluster_set["masters"][1]
     stopped.terminate()
     kill_daemons_of(stopped.config_dir)
-    # The founding masters (the joiner reaches no minion on Salt 3008.3: see the join test).
-    for master in cluster_set["masters"][: len(HOSTS)]:
+    for master in cluster_set["masters"]:
         if master is stopped:
             continue
         harness.wait_for(
