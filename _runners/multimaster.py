@@ -1378,13 +1378,16 @@ def _share_one(section, master, answer, keys, test, timeout):
     report = {"missing": sorted(missing), "conflicts": conflicts}
     if test or not missing:
         return dict(report, result=not conflicts, written=[])
-    order = multimaster_seal.order(
-        {"keys": missing},
-        "cluster_peer_keys",
-        _by_id(section)[master]["minion_id"],
-        _signer_key(),
-        _bound(_binding(answer, master)),
-    )
+    try:
+        order = multimaster_seal.order(
+            {"keys": missing},
+            "cluster_peer_keys",
+            _by_id(section)[master]["minion_id"],
+            _signer_key(),
+            _bound(_binding(answer, master)),
+        )
+    except ValueError as exc:
+        return dict(report, result=False, error=str(exc))
     answers, errors = _call(
         section, [master], "install_cluster_peer_keys", {"keys": missing, "order": order}, timeout
     )
