@@ -338,24 +338,12 @@ def _cluster_local():
 
 def _held_peer_keys(peers_dir):
     """
-    ``{peer id: fingerprint}`` of the ``<id>.pub`` files in ``peers_dir`` (None: unreadable).
+    ``{peer id: fingerprint}`` of the keys in ``peers_dir`` (None: invalid).
     """
-    held = {}
-    if not os.path.isdir(peers_dir):
-        return held
-    for name in sorted(os.listdir(peers_dir)):
-        path = os.path.join(peers_dir, name)
-        if not name.endswith(".pub") or os.path.islink(path) or not os.path.isfile(path):
-            continue
-        with salt.utils.files.fopen(path, "r") as handle:
-            text = handle.read()
-        try:
-            held[name[: -len(".pub")]] = multimaster_keys.fingerprint(
-                multimaster_keys.canonical(text, name)
-            )
-        except multimaster_keys.InvalidKeyError:
-            held[name[: -len(".pub")]] = None
-    return held
+    return {
+        peer: pem and multimaster_keys.fingerprint(pem)
+        for peer, pem in multimaster_keys.peer_keys(peers_dir).items()
+    }
 
 
 def cluster_peer_keys():

@@ -1341,19 +1341,14 @@ def _keys_differ(section, timeout):
 def _own_peer_keys(section):
     """
     ``({address: PEM}, [addresses missing here])`` of the configured masters' keys in this
-    master's ``cluster_pki_dir/peers/``; an unreadable or invalid one counts as missing.
+    master's ``cluster_pki_dir/peers/``; an invalid one counts as missing.
     """
-    peers_dir = os.path.join(__opts__["cluster_pki_dir"], "peers")
-    keys, missing = {}, []
-    for master in section["masters"]:
-        address = multimaster_settings.cluster_address(master)
-        path = os.path.join(peers_dir, f"{address}.pub")
-        try:
-            with salt.utils.files.fopen(path, "r") as handle:
-                keys[address] = multimaster_keys.canonical(handle.read(), path)
-        except (OSError, multimaster_keys.InvalidKeyError):
-            missing.append(address)
-    return keys, missing
+    held = multimaster_keys.peer_keys(os.path.join(__opts__["cluster_pki_dir"], "peers"))
+    addresses = [multimaster_settings.cluster_address(m) for m in section["masters"]]
+    return (
+        {a: held[a] for a in addresses if held.get(a)},
+        [a for a in addresses if not held.get(a)],
+    )
 
 
 def _peer_keys_check(answer):
@@ -1363,9 +1358,10 @@ def _peer_keys_check(answer):
     return answer
 
 
-def _share_one(section, master, answer, keys, test, timeout):
+def _share_one(section, master, answer, keys, signer, timeout):
     """
-    Give ``master`` the keys it lacks (``answer``: what it holds and its challenge).
+    Give ``master`` the keys it lacks (``answer``: what it holds and its challenge), orders
+    signed with ``signer``; with no ``signer`` (test) only report.
     """
     address = multimaster_settings.cluster_address(_by_id(section)[master])
     held = answer["held"]
@@ -1376,14 +1372,14 @@ def _share_one(section, master, answer, keys, test, timeout):
     )
     missing = {peer: pem for peer, pem in keys.items() if peer != address and peer not in held}
     report = {"missing": sorted(missing), "conflicts": conflicts}
-    if test or not missing:
+    if signer is None or not missing:
         return dict(report, result=not conflicts, written=[])
     try:
         order = multimaster_seal.order(
             {"keys": missing},
             "cluster_peer_keys",
             _by_id(section)[master]["minion_id"],
-            _signer_key(),
+            signer,
             _bound(_binding(answer, master)),
         )
     except ValueError as exc:
@@ -1433,10 +1429,11 @@ def share_peer_keys(masters=None, test=False, timeout=60):
     keys, not_here = _own_peer_keys(section)
     answers, errors = _call(section, targets, "cluster_peer_keys", {}, timeout, _peer_keys_check)
     report = {m: {"result": False, "error": errors[m]} for m in targets if m in errors}
+    signer = None if test or not answers else _signer_key()
     for master in targets:
         if master in answers:
             _progress(f"{master}: peer keys")
-            report[master] = _share_one(section, master, answers[master], keys, test, timeout)
+            report[master] = _share_one(section, master, answers[master], keys, signer, timeout)
     ret = {"masters": report, "not_held_here": not_here}
     if test:
         ret["test"] = True

@@ -11,11 +11,13 @@ show Salt's ``salt-key -F`` value beside ours.)
 import base64
 import binascii
 import hashlib
+import os
 import re
 from typing import NamedTuple
 
 import multimaster_ids
 import salt.utils.crypt
+import salt.utils.files
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from salt.exceptions import SaltInvocationError
@@ -132,6 +134,27 @@ def canonical(pem, where="key"):
     ):
         raise InvalidKeyError(f"{where}: DER encoding is not canonical")
     return out
+
+
+def peer_keys(peers_dir):
+    """
+    ``{peer id: canonical PEM, or None when invalid}`` of the ``<id>.pub`` files in a Salt
+    cluster's ``cluster_pki_dir/peers``; a symlink there is not read.
+    """
+    keys = {}
+    if not os.path.isdir(peers_dir):
+        return keys
+    for name in sorted(os.listdir(peers_dir)):
+        path = os.path.join(peers_dir, name)
+        if not name.endswith(".pub") or os.path.islink(path) or not os.path.isfile(path):
+            continue
+        with salt.utils.files.fopen(path, "r") as handle:
+            text = handle.read()
+        try:
+            keys[name[: -len(".pub")]] = canonical(text, path)
+        except InvalidKeyError:
+            keys[name[: -len(".pub")]] = None
+    return keys
 
 
 def is_fingerprint(value):

@@ -282,10 +282,11 @@ def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minio
 ):
     """
     master4 knows one peer (the leader) and the secret; it joins the running cluster and holds
-    the cluster's AES key and minion keys. Then the README's procedure: ``share_peer_keys`` gives
+    the cluster's AES key and minion keys. Then the README's procedure: ``multimaster.cluster``
+    re-applied on the founders (their peer lists gain it) restarts them, ``share_peer_keys`` gives
     it the other peers' keys (Salt gave it only the leader's), ``multimaster.cluster`` re-applied
-    everywhere with the full peer list restarts every master, ``multimaster.haproxy`` re-applied
-    adds it to the backends (a graceful reload). Its jobs then reach every minion.
+    on it with the full peer list restarts it, ``multimaster.haproxy`` re-applied adds it to the
+    backends (a graceful reload). Its jobs then reach every minion.
     """
     masters, section = cluster_set["masters"], copy.deepcopy(cluster_set["section"])
     stack = cluster_set["stack"]

@@ -251,3 +251,12 @@ def test_entries_return_is_capped():
 def test_unknown_return_kind_is_a_programming_error():
     with pytest.raises(ValueError, match="kind"):
         multimaster_keys.check_inventory_return({}, "everything")
+
+
+def test_peer_keys_reads_each_pub_canonically_skips_links_and_marks_invalid(tmp_path):
+    (tmp_path / "10.0.0.1.pub").write_text(GOOD)
+    (tmp_path / "10.0.0.2.pub").write_text(GOOD + "junk\n")
+    (tmp_path / "10.0.0.3.pub").symlink_to(tmp_path / "10.0.0.1.pub")
+    (tmp_path / "notes.txt").write_text(OTHER)
+    assert multimaster_keys.peer_keys(str(tmp_path)) == {"10.0.0.1": GOOD, "10.0.0.2": None}
+    assert multimaster_keys.peer_keys(str(tmp_path / "absent")) == {}
