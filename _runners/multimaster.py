@@ -24,6 +24,7 @@ import salt.cache
 import salt.client
 import salt.config
 import salt.runner
+import salt.utils.event
 import salt.utils.files
 import salt.utils.json
 from salt.exceptions import SaltClientError, SaltInvocationError
@@ -574,6 +575,32 @@ _LEFT_BY = {"accept": "accepted", "reject": "rejected", "delete": None}
 _RACE_ROUNDS = 3
 
 
+# Salt 3008's cluster copies a key change to every peer from the ``salt/key`` event, but its
+# peers apply only the acts accept/reject/pend/deny/delete: salt-key fires accepted/rejected,
+# so its accepts and rejects stay on the master where they were made (its deletes travel).
+_REPLAYED = ("accept", "reject")
+# Set in the events ``key_event`` fires: the key reactor does not react to them again.
+REPLAYED_MARK = "multimaster_replayed"
+
+
+def _replay_to_cluster(here, minion, op, act):
+    """
+    Re-fire a change this master's store shows under the act Salt's cluster applies: the
+    cluster publisher forwards it to every peer (over the cluster channel, encrypted with the
+    cluster's AES key), and each peer stores the exact key this master holds, in that state.
+    """
+    event = {"master": here, "id": minion, "act": act}
+    if op not in _REPLAYED:
+        return {"comment": f"Salt's cluster replicates {act} to the peers itself", "event": event}
+    pem = multimaster_keystore.inventory(__opts__, with_pubs=True, ids={minion})[1][minion]["key"]
+    with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=False) as bus:
+        bus.fire_event(
+            {"act": op, "id": minion, "pub": pem, "result": True, REPLAYED_MARK: here}, "salt/key"
+        )
+    log.info("multimaster: %s %s replayed to the cluster peers of %s", op, minion, here)
+    return {"comment": f"{op} {minion} replayed to the cluster's peers", "event": event}
+
+
 def _raced(ret):
     return any(r.get("skipped") for r in ret.get("masters", {}).values() if isinstance(r, dict))
 
@@ -589,6 +616,12 @@ def key_event(minion, act, timeout=60):
     reject/delete everywhere with the AES key rotated. Idempotent and safe when several masters
     react at once (store locks, compare-and-set, re-planned when overtaken); writes fire no
     ``salt/key`` event, so nothing loops.
+
+    In Salt's native cluster (``cluster_id`` set) the peers copy a key change from the event
+    itself, but Salt 3008 applies only ``accept``/``reject`` acts while salt-key says
+    ``accepted``/``rejected`` (deletes do travel): the change is re-fired once under the act the
+    peers apply, with the exact key this master holds and a mark the reactor skips. No control
+    minion is involved (they sit behind the balancer, where no single master can be addressed).
 
     minion
         The minion id of the event.
@@ -631,6 +664,8 @@ def key_event(minion, act, timeout=60):
             "a stale or forged event; nothing changed",
         }
         return _finish(ret, False)
+    if __opts__.get("cluster_id"):
+        return _finish(_replay_to_cluster(here, minion, op, act), False)
     fingerprint = held[1] if held else None
     for _ in range(_RACE_ROUNDS):
         ret = _one_id(op, minion, fingerprint, False, None, timeout)

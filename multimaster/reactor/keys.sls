@@ -3,12 +3,15 @@
 {#- Reactor for `salt/key` (rendered into master.d by multimaster.master when pillar
     multimaster:reactor:keys is true). Any accepted minion can put a `salt/key` event on a
     master's bus (a pretagged minion event), so the event is only a hint: the runner reads this
-    master's own key store and propagates only what it finds there. #}
+    master's own key store and propagates only what it finds there. In a cluster, an event a
+    peer forwarded (`__peer_id`) was the peer's to propagate, and one the runner fired to replay
+    a change to the peers (`multimaster_replayed`) is not reacted to again: nothing loops. #}
 {%- set acts = {"accept": "accept", "accepted": "accept",
                 "reject": "reject", "rejected": "reject", "delete": "delete"} %}
 {%- set act = acts.get(data.get("act")) if data.get("act") is string else None %}
 {%- set minion = data.get("id") %}
-{%- if act and minion is string %}
+{%- set relayed = data.get("__peer_id") or data.get("multimaster_replayed") %}
+{%- if act and minion is string and not relayed %}
 
 multimaster-reactor-keys-runner-key-event:
   runner.multimaster.key_event:

@@ -180,6 +180,9 @@ def test_malformed_roots_or_commits_are_a_per_master_error(runner, use, roots, g
     )
 
 
+HELD_PEM = "-----BEGIN PUBLIC KEY-----\nheld\n-----END PUBLIC KEY-----\n"
+
+
 @pytest.fixture
 def store(runner, monkeypatch):
     """
@@ -189,7 +192,8 @@ def store(runner, monkeypatch):
 
     def store(entry):
         held = {} if entry is None else {"web1": entry}
-        monkeypatch.setattr(runner.multimaster_keystore, "inventory", lambda *a, **k: (held, {}))
+        pubs = {} if entry is None else {"web1": {"key": HELD_PEM}}
+        monkeypatch.setattr(runner.multimaster_keystore, "inventory", lambda *a, **k: (held, pubs))
 
     return store
 
@@ -262,6 +266,73 @@ def test_key_event_accept_propagates_the_key_this_master_holds(runner, use, stor
     assert ret["retcode"] == 1, ret
     assert fp_other in str(ret) and fp_here in str(ret)
     assert "multimaster_peer.apply_key_actions" not in client.calls
+
+
+@pytest.fixture
+def cluster_bus(runner, monkeypatch):
+    """
+    This master is a cluster member; the events ``key_event`` fires on its bus are recorded.
+    """
+    monkeypatch.setitem(runner.__opts__, "cluster_id", "c1")
+    monkeypatch.setitem(runner.__opts__, "sock_dir", "/run/salt/master")
+    fired = []
+
+    class Bus:
+        def fire_event(self, data, tag):
+            fired.append((tag, data))
+
+    monkeypatch.setattr(
+        runner.salt.utils.event,
+        "get_master_event",
+        lambda *a, **k: contextlib.nullcontext(Bus()),
+    )
+    return fired
+
+
+@pytest.mark.parametrize(
+    "act, entry, replayed",
+    [("rejected", ["rejected", "ab:cd"], "reject"), ("accepted", ["accepted", "ab:cd"], "accept")],
+)
+def test_key_event_in_a_cluster_replays_the_held_key_under_the_act_salt_applies(
+    runner, use, store, cluster_bus, act, entry, replayed
+):
+    """
+    Salt's cluster peers apply ``reject``/``accept`` but salt-key says ``rejected``/``accepted``:
+    the change is re-fired once, with the key this master holds and the mark that keeps the
+    reactor from reacting to it again. No control minion is called.
+    """
+    client = use({})
+    store(entry)
+    ret = runner.key_event("web1", act)
+    assert ret["retcode"] == 0, ret
+    assert cluster_bus == [
+        (
+            "salt/key",
+            {
+                "act": replayed,
+                "id": "web1",
+                "pub": HELD_PEM,
+                "result": True,
+                "multimaster_replayed": "m2",
+            },
+        )
+    ]
+    assert client.calls == []
+
+
+@pytest.mark.parametrize(
+    "act, entry",
+    [("delete", None), ("rejected", ["accepted", "ab:cd"]), ("accepted", None)],
+    ids=["delete-salt-replicates-it", "reject-not-in-store", "accept-not-in-store"],
+)
+def test_key_event_in_a_cluster_fires_nothing_salt_replicates_or_the_store_does_not_show(
+    runner, use, store, cluster_bus, act, entry
+):
+    client = use({})
+    store(entry)
+    ret = runner.key_event("web1", act)
+    assert ret["retcode"] == 0, ret
+    assert cluster_bus == [] and client.calls == []
 
 
 def test_wait_masters_reports_the_masters_that_never_settled(runner, use):
