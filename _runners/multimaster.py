@@ -589,16 +589,23 @@ def _replay_to_cluster(here, minion, op, act):
     cluster publisher forwards it to every peer (over the cluster channel, encrypted with the
     cluster's AES key), and each peer stores the exact key this master holds, in that state.
     """
-    event = {"master": here, "id": minion, "act": act}
     if op not in _REPLAYED:
-        return {"comment": f"Salt's cluster replicates {act} to the peers itself", "event": event}
-    pem = multimaster_keystore.inventory(__opts__, with_pubs=True, ids={minion})[1][minion]["key"]
+        return _finish({"comment": f"Salt's cluster replicates {act} to the peers itself"}, False)
+    pubs = multimaster_keystore.inventory(__opts__, with_pubs=True, ids={minion})[1]
+    pem = pubs.get(minion, {}).get("key")
+    if pem is None:
+        # inventory never returns a file that is not one public key PEM
+        return _finish(
+            {"comment": f"{minion} on {here} is not a valid public key; nothing replayed"}, True
+        )
     with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=False) as bus:
-        bus.fire_event(
+        fired = bus.fire_event(
             {"act": op, "id": minion, "pub": pem, "result": True, REPLAYED_MARK: here}, "salt/key"
         )
+    if not fired:
+        return _finish({"comment": f"{op} {minion}: {here}'s event bus refused the replay"}, True)
     log.info("multimaster: %s %s replayed to the cluster peers of %s", op, minion, here)
-    return {"comment": f"{op} {minion} replayed to the cluster's peers", "event": event}
+    return _finish({"comment": f"{op} {minion} replayed to the cluster's peers"}, False)
 
 
 def _raced(ret):
@@ -665,7 +672,9 @@ def key_event(minion, act, timeout=60):
         }
         return _finish(ret, False)
     if __opts__.get("cluster_id"):
-        return _finish(_replay_to_cluster(here, minion, op, act), False)
+        ret = _replay_to_cluster(here, minion, op, act)
+        ret["event"] = {"master": here, "id": minion, "act": act}
+        return ret
     fingerprint = held[1] if held else None
     for _ in range(_RACE_ROUNDS):
         ret = _one_id(op, minion, fingerprint, False, None, timeout)

@@ -280,6 +280,7 @@ def cluster_bus(runner, monkeypatch):
     class Bus:
         def fire_event(self, data, tag):
             fired.append((tag, data))
+            return True
 
     monkeypatch.setattr(
         runner.salt.utils.event,
@@ -333,6 +334,18 @@ def test_key_event_in_a_cluster_fires_nothing_salt_replicates_or_the_store_does_
     ret = runner.key_event("web1", act)
     assert ret["retcode"] == 0, ret
     assert cluster_bus == [] and client.calls == []
+
+
+def test_key_event_in_a_cluster_without_a_readable_key_replays_nothing_and_fails(
+    runner, use, store, cluster_bus, monkeypatch
+):
+    """A held file that is not one public key PEM is never sent to the peers."""
+    use({})
+    held = {"web1": ["rejected", None]}
+    monkeypatch.setattr(runner.multimaster_keystore, "inventory", lambda *a, **k: (held, {}))
+    ret = runner.key_event("web1", "rejected")
+    assert ret["retcode"] == 1 and "not a valid public key" in ret["comment"], ret
+    assert cluster_bus == []
 
 
 def test_wait_masters_reports_the_masters_that_never_settled(runner, use):
