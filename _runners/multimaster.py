@@ -583,16 +583,15 @@ _REPLAYED = ("accept", "reject")
 REPLAYED_MARK = "multimaster_replayed"
 
 
-def _replay_to_cluster(here, minion, op, act):
+def _replay_to_cluster(here, minion, op, act, pem):
     """
     Re-fire a change this master's store shows under the act Salt's cluster applies: the
     cluster publisher forwards it to every peer (over the cluster channel, encrypted with the
-    cluster's AES key), and each peer stores the exact key this master holds, in that state.
+    cluster's AES key), and each peer stores ``pem``, the exact key this master holds, in that
+    state.
     """
     if op not in _REPLAYED:
         return _finish({"comment": f"Salt's cluster replicates {act} to the peers itself"}, False)
-    pubs = multimaster_keystore.inventory(__opts__, with_pubs=True, ids={minion})[1]
-    pem = pubs.get(minion, {}).get("key")
     if pem is None:
         # inventory never returns a file that is not one public key PEM
         return _finish(
@@ -660,7 +659,9 @@ def key_event(minion, act, timeout=60):
             )
     except SaltInvocationError as exc:
         return _refused(exc)
-    held = multimaster_keystore.inventory(__opts__, ids={minion})[0].get(minion)
+    # One read of the store: the PEM is what a cluster replay sends.
+    entries, pubs = multimaster_keystore.inventory(__opts__, with_pubs=True, ids={minion})
+    held = entries.get(minion)
     state = held[0] if held else None
     if state != _LEFT_BY[op]:
         log.warning(
@@ -672,7 +673,7 @@ def key_event(minion, act, timeout=60):
         }
         return _finish(ret, False)
     if __opts__.get("cluster_id"):
-        ret = _replay_to_cluster(here, minion, op, act)
+        ret = _replay_to_cluster(here, minion, op, act, pubs.get(minion, {}).get("key"))
         ret["event"] = {"master": here, "id": minion, "act": act}
         return ret
     fingerprint = held[1] if held else None
