@@ -8,6 +8,7 @@ files, ``restart_minion``/``restart_master`` restart a daemon of this host after
 What only the ``multimaster`` runners drive on a master host lives in ``multimaster_peer``.
 """
 
+import hmac
 import logging
 import os
 import socket
@@ -21,7 +22,9 @@ from salt.exceptions import CommandExecutionError
 try:
     import multimaster_daemon
     import multimaster_haproxy
+    import multimaster_ids
     import multimaster_keystore
+    import multimaster_roots
     import multimaster_settings
 
     HAS_UTILS = True
@@ -437,6 +440,66 @@ def stop_master(config_dir=None, service="salt-master", timeout=60):
         mopts["pidfile"], service, "salt-master", config_dir, timeout=float(timeout)
     )
     return {"stopped": stopped["was_running"], "pid": stopped["pid"], "config_dir": config_dir}
+
+
+def forget_cluster_peer(peer, rotate_secret=False, test=False):
+    """
+    Delete the cluster peer key ``cluster_pki_dir/peers/<peer>.pub`` of this host's cluster
+    master: what ``multimaster.orch.remove_master`` runs on every remaining master once the
+    removed one is stopped, before they restart without it. Only a master no longer listed in
+    ``multimaster:masters`` can be forgotten; the path comes from this master's own config.
+
+    peer
+        The removed master's cluster address (its Raft node id, as in ``cluster_peers``).
+
+    rotate_secret
+        Refuse, changing nothing, while this master still holds the peer's key and runs with
+        the ``multimaster:cluster:secret`` that pillar holds now: the removed master knows that
+        secret. Put a new one in pillar first; the restart that follows writes it.
+
+    test
+        Check only: say what would be deleted, delete nothing.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master1 multimaster.forget_cluster_peer 127.0.0.4 rotate_secret=True
+    """
+    multimaster_ids.check_id(peer, "peer")
+    # The pillar alone (no formula defaults from the file server): a cluster names its mode.
+    section = multimaster_settings.check_section(
+        __salt__["pillar.get"]("multimaster", {}, unmask=True)
+    )
+    master = multimaster_settings.local_master(
+        section, __opts__["id"], os.path.dirname(__opts__["conf_file"])
+    )
+    if section.get("mode") != "cluster" or master is None:
+        raise CommandExecutionError(
+            f"{__opts__['id']}: not the control minion of a cluster master (mode "
+            f"{section.get('mode')!r}); forget_cluster_peer runs on a cluster master's control "
+            "minion"
+        )
+    listed = [multimaster_settings.cluster_address(m) for m in section["masters"]]
+    if peer in listed:
+        raise CommandExecutionError(
+            f"peer {peer!r} is still a master of multimaster:masters ({', '.join(listed)}): "
+            "take it out of pillar first"
+        )
+    mopts = multimaster_keystore.master_opts(master["config_dir"])
+    peers_dir = os.path.join(mopts["cluster_pki_dir"], "peers")
+    held = os.path.lexists(os.path.join(peers_dir, f"{peer}.pub"))
+    running = (mopts.get("cluster_secret") or "").encode()
+    wanted = ((section.get("cluster") or {}).get("secret") or "").encode()
+    if rotate_secret and held and hmac.compare_digest(running, wanted):
+        raise CommandExecutionError(
+            f"{master['id']}: multimaster:cluster:secret in pillar is the secret this master "
+            f"runs with, which {peer} knows: put a new secret in pillar to rotate it"
+        )
+    if held and not test:
+        multimaster_roots.delete_file(peers_dir, f"{peer}.pub")
+        log.info("multimaster: cluster peer key of %s deleted from %s", peer, peers_dir)
+    return {"peer": peer, "deleted": held and not test, "held": held, "peers_dir": peers_dir}
 
 
 def active_master():

@@ -5,13 +5,23 @@
     first (they drop it from their master list), then the remaining masters' multimaster
     section, then, with multimaster_stop: true, its control minion stops it
     (multimaster_remove_minion_id, default the master's id; multimaster_remove_config_dir,
-    default that minion's own config dir). Stops at the first failure; safe to re-run. #}
+    default that minion's own config dir). Stops at the first failure; safe to re-run.
+
+    Mode cluster (minions know only the balancer): multimaster.haproxy on the balancer's minion
+    (multimaster_balancer_minion) drains it, its control minion stops it (always: a removed peer
+    left running keeps talking to the cluster), every remaining master deletes its
+    peers/<address>.pub, then multimaster.master restarts them without it (and with the new
+    multimaster:cluster:secret: multimaster_rotate_secret: true refuses to go on while pillar
+    still holds the secret the removed master knows). multimaster_remove is its cluster address. #}
 {%- set tplroot = tpldir.split("/")[0] %}
 {%- from tplroot ~ "/map.jinja" import mapdata with context %}
 {%- set gone = pillar.get("multimaster_remove") %}
 {%- set gone_minion = pillar.get("multimaster_remove_minion_id", gone) %}
 {%- set batch = pillar.get("multimaster_batch", "10%") %}
 {%- set ids = mapdata.masters | map(attribute="id") | list %}
+{%- set cluster = mapdata.mode == "cluster" %}
+{%- set balancer_minion = pillar.get("multimaster_balancer_minion") %}
+{%- set remaining = mapdata.masters | map(attribute="minion_id") | list %}
 
 {%- if not gone or gone in ids %}
 
@@ -21,6 +31,113 @@ multimaster-orch-remove-master-refused:
         pillar multimaster_remove: got {{ gone | json }}; expected the id of a master no longer
         listed in multimaster:masters ({{ ids | join(", ") }}): remove it from pillar first
     - failhard: true
+{%- elif cluster and not balancer_minion %}
+
+multimaster-orch-remove-master-balancer-unknown:
+  test.fail_without_changes:
+    - name: >-
+        pillar multimaster_balancer_minion: got {{ balancer_minion | json }}; expected the minion
+        id of the HAProxy host of the cluster, where multimaster.haproxy drains {{ gone }}
+    - failhard: true
+{%- elif cluster %}
+
+multimaster-orch-remove-master-drained:
+  salt.state:
+    - tgt: [{{ balancer_minion | json }}]
+    - tgt_type: list
+    - sls: multimaster.haproxy
+    - failhard: true
+
+{#- Execution functions read the pillar a minion holds in memory: the new section and secret. #}
+multimaster-orch-remove-master-pillar-refreshed:
+  salt.function:
+    - name: saltutil.refresh_pillar
+    - tgt: {{ remaining | json }}
+    - tgt_type: list
+    - kwarg:
+        wait: true
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-remove-master-drained
+
+{#- Every check before the removed master is touched: the secret rotation asked for, the
+    peer not listed. The balancer is drained first: pillar no longer lists the master. #}
+multimaster-orch-remove-master-peer-checked:
+  salt.function:
+    - name: multimaster.forget_cluster_peer
+    - tgt: {{ remaining | json }}
+    - tgt_type: list
+    - arg: [{{ gone | json }}]
+    - kwarg:
+        rotate_secret: {{ pillar.get("multimaster_rotate_secret", false) | json }}
+        test: true
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-remove-master-pillar-refreshed
+
+multimaster-orch-remove-master-stopped:
+  salt.function:
+    - name: multimaster.stop_master
+    - tgt: [{{ gone_minion | json }}]
+    - tgt_type: list
+    - kwarg:
+        config_dir: {{ pillar.get("multimaster_remove_config_dir") | json }}
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-remove-master-peer-checked
+
+multimaster-orch-remove-master-peer-forgotten:
+  salt.function:
+    - name: multimaster.forget_cluster_peer
+    - tgt: {{ remaining | json }}
+    - tgt_type: list
+    - arg: [{{ gone | json }}]
+    - kwarg:
+        rotate_secret: {{ pillar.get("multimaster_rotate_secret", false) | json }}
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-remove-master-stopped
+
+{#- Each master restarts once its control minion's job has returned: the master running this
+    orchestration goes last, alone, so that it never restarts while it waits for a return. #}
+{%-   set here = opts.get("interface") %}
+{%-   set ns = namespace(own=[], others=[], last="multimaster-orch-remove-master-peer-forgotten") %}
+{%-   for master in mapdata.masters %}
+{%-     if (master.get("interface") or master.host) == here %}
+{%-       set ns.own = ns.own + [master.minion_id] %}
+{%-     else %}
+{%-       set ns.others = ns.others + [master.minion_id] %}
+{%-     endif %}
+{%-   endfor %}
+{%-   for step, targets in [("others", ns.others), ("here", ns.own)] if targets %}
+
+multimaster-orch-remove-master-masters-configured-{{ step }}:
+  salt.state:
+    - tgt: {{ targets | json }}
+    - tgt_type: list
+    - sls: multimaster.master
+    - failhard: true
+    - require:
+      - salt: {{ ns.last }}
+
+{#- The runners read the section from this master's config: until the last step it still
+    lists the removed master. #}
+multimaster-orch-remove-master-masters-settled-{{ step }}:
+  salt.runner:
+    - name: multimaster.wait_masters
+    - skip: [{{ gone | json }}]
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-remove-master-masters-configured-{{ step }}
+{%-     set ns.last = "multimaster-orch-remove-master-masters-settled-" ~ step %}
+{%-   endfor %}
+
+multimaster-orch-remove-master-status:
+  salt.runner:
+    - name: multimaster.status
+    - failhard: true
+    - require:
+      - salt: {{ ns.last }}
 {%- else %}
 
 multimaster-orch-remove-master-minions-configured:
@@ -42,7 +159,7 @@ multimaster-orch-remove-master-minions-settled:
 
 multimaster-orch-remove-master-masters-configured:
   salt.state:
-    - tgt: {{ mapdata.masters | map(attribute="minion_id") | list | json }}
+    - tgt: {{ remaining | json }}
     - tgt_type: list
     - sls: multimaster.master
     - failhard: true

@@ -329,3 +329,15 @@ def tree_snapshot(root):
         if path.is_file():
             snapshot[str(path.relative_to(root))] = (path.stat().st_mode, path.read_bytes())
     return snapshot
+
+
+def failed_steps(ret):
+    """
+    ``{step id: what it returned}`` of the orchestration steps that failed (for the message).
+    """
+    steps = {
+        step["__id__"]: str(step.get("changes") or step.get("comment"))[:3000]
+        for step in devkit.orch_steps(ret.stdout)
+        if step.get("result") is False
+    }
+    return steps or ret.stdout[-3000:]

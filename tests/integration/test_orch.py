@@ -114,18 +114,6 @@ def orch_set(salt_factories, tmp_path_factory):
         yield masters, minions, drop_master3
 
 
-def failed_steps(ret):
-    """
-    ``{step id: what it returned}`` of the orchestration steps that failed (for the message).
-    """
-    steps = {
-        step["__id__"]: str(step.get("changes") or step.get("comment"))[:3000]
-        for step in devkit.orch_steps(ret.stdout)
-        if step.get("result") is False
-    }
-    return steps or ret.stdout[-3000:]
-
-
 def pings(master, stop, record):
     """
     ``salt <hot minion> test.ping`` through ``master`` once a second until ``stop`` is set.
@@ -161,7 +149,7 @@ def test_add_master_brings_in_master3(orch_set, record_property):
         pinger.join()
     print(f"\nadd_master: {len(record)} pings from master1, {record.count(False)} missed")
     record_property("pings_missed", f"{record.count(False)}/{len(record)}")
-    assert ret.returncode == 0, failed_steps(ret)
+    assert ret.returncode == 0, harness.failed_steps(ret)
     for minion in minions:
         harness.wait_for_ping(master3.salt_cli(), minion.id, timeout=120)
     ret = keytools.run_cli("salt-run", master1.config_dir, "multimaster.status")
@@ -187,7 +175,7 @@ def test_add_master_again_changes_nothing(orch_set):
         "salt-run", master1.config_dir, "state.orch", "multimaster.orch.add_master",
         "pillar=" + json.dumps({"multimaster_new": master3.id}), timeout=900,
     )  # fmt: skip
-    assert ret.returncode == 0, failed_steps(ret)
+    assert ret.returncode == 0, harness.failed_steps(ret)
     assert keytools.master_pids(masters) == pids
 
 
@@ -239,7 +227,7 @@ def test_remove_master_takes_master3_out_everywhere(orch_set):
         "salt-run", master1.config_dir, "state.orch", "multimaster.orch.remove_master",
         "pillar=" + json.dumps(pillar), timeout=900,
     )  # fmt: skip
-    assert ret.returncode == 0, failed_steps(ret)
+    assert ret.returncode == 0, harness.failed_steps(ret)
     for minion in minions:
         conf = pathlib.Path(minion.config_dir) / "minion.d" / "multimaster.conf"
         assert yaml.safe_load(conf.read_text())["master"] == list(HOSTS[:2]), minion.id

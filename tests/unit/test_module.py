@@ -314,3 +314,83 @@ def test_check_masters_reports_each_port(mod, pillar, defaults):
         "up": {"host": "127.0.0.1", "publish": True, "ret": True},
         "down": {"host": "127.0.0.2", "publish": False, "ret": False},
     }
+
+
+OLD_SECRET, NEW_SECRET = "o" * 40, "n" * 40
+
+
+@pytest.fixture
+def cluster_peer(pillar, conf_dir, tmp_path, defaults, mod):
+    """
+    master2 (10.0.3.62) in a cluster that dropped 10.0.3.63: its master runs with OLD_SECRET
+    and holds the removed peer's key; pillar holds NEW_SECRET. Returns the peer key path.
+    """
+    pillar["multimaster"] = {
+        "mode": "cluster",
+        "masters": [
+            {"id": "10.0.3.61", "host": "10.0.3.61", "minion_id": "master1"},
+            {"id": "10.0.3.62", "host": "10.0.3.62", "minion_id": "master2"},
+        ],
+        "cluster": {"balancer": "10.0.3.10", "id": "prod", "secret": NEW_SECRET},
+    }
+    config = salt.utils.yaml.safe_load((conf_dir / "master").read_text())
+    config.update(
+        cluster_id="prod",
+        cluster_peers=["10.0.3.61", "10.0.3.63"],
+        cluster_pki_dir=str(tmp_path / "cluster"),
+        cluster_secret=OLD_SECRET,
+    )
+    (conf_dir / "master").write_text(salt.utils.yaml.safe_dump(config))
+    peers = tmp_path / "cluster" / "peers"
+    peers.mkdir(parents=True)
+    for peer in ("10.0.3.61", "10.0.3.63"):
+        (peers / f"{peer}.pub").write_text("public key\n")
+    mod.__context__["multimaster.defaults"] = defaults
+    return peers / "10.0.3.63.pub"
+
+
+def test_forget_cluster_peer_deletes_only_its_key(mod, cluster_peer):
+    assert mod.forget_cluster_peer("10.0.3.63", test=True)["deleted"] is False
+    assert cluster_peer.exists()
+    ret = mod.forget_cluster_peer("10.0.3.63", rotate_secret=True)
+    assert ret["deleted"] is True and not cluster_peer.exists()
+    assert (cluster_peer.parent / "10.0.3.61.pub").exists()
+    # Re-run: nothing left to delete, and the rotation check is satisfied by the missing key.
+    assert mod.forget_cluster_peer("10.0.3.63", rotate_secret=True)["deleted"] is False
+    assert NEW_SECRET not in str(ret) and OLD_SECRET not in str(ret)
+
+
+def test_forget_cluster_peer_refuses_to_rotate_to_the_secret_it_runs_with(
+    mod, pillar, cluster_peer
+):
+    pillar["multimaster"]["cluster"]["secret"] = OLD_SECRET
+    for test in (True, False):
+        with pytest.raises(CommandExecutionError, match="put a new secret in pillar") as err:
+            mod.forget_cluster_peer("10.0.3.63", rotate_secret=True, test=test)
+        assert OLD_SECRET not in str(err.value)
+    assert cluster_peer.exists()
+    # Not asked to rotate: the key goes.
+    assert mod.forget_cluster_peer("10.0.3.63")["deleted"] is True
+
+
+@pytest.mark.parametrize(
+    "peer, message",
+    [
+        ("10.0.3.61", "still a master of multimaster:masters"),
+        ("../../etc/passwd", "not a valid id"),
+        ("10.0.3.62", "still a master of multimaster:masters"),
+    ],
+)
+def test_forget_cluster_peer_refuses_a_listed_or_unsafe_peer(mod, cluster_peer, peer, message):
+    with pytest.raises(Exception, match=message):
+        mod.forget_cluster_peer(peer)
+    assert sorted(p.name for p in cluster_peer.parent.iterdir()) == [
+        "10.0.3.61.pub",
+        "10.0.3.63.pub",
+    ]
+
+
+def test_forget_cluster_peer_refused_outside_cluster_mode(mod, defaults):
+    mod.__context__["multimaster.defaults"] = defaults
+    with pytest.raises(CommandExecutionError, match="not the control minion of a cluster master"):
+        mod.forget_cluster_peer("10.0.3.63")
