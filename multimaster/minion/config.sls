@@ -3,15 +3,8 @@
 {%- set tplroot = tpldir.split("/")[0] %}
 {%- from tplroot ~ "/map.jinja" import mapdata with context %}
 {%- set local = mapdata.local %}
-
-{%- if mapdata.install_packages %}
-
-multimaster-minion-config-pkg-installed:
-  pkg.installed:
-    - name: {{ mapdata.lookup.minion.pkg }}
-    - require_in:
-      - file: multimaster-minion-config-file-managed
-{%- endif %}
+{#- No package state: the minion applying this is installed already, and on a onedir or pip
+    install a distribution salt-minion package would be a second, conflicting Salt. #}
 
 multimaster-minion-config-file-managed:
   file.serialize:

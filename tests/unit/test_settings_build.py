@@ -50,11 +50,12 @@ def test_build_changes_neither_pillar_nor_defaults(defaults):
 
 def test_lookup_is_overridable_from_pillar(defaults):
     settings = build(
-        defaults, lookup={"config_file": "zz-multimaster.conf", "minion": {"service": "minion"}}
+        defaults, lookup={"config_file": "zz-multimaster.conf", "master": {"service": "master"}}
     )
     assert settings["lookup"]["config_file"] == "zz-multimaster.conf"
-    assert settings["lookup"]["minion"] == {"pkg": "salt-minion", "service": "minion"}
-    assert settings["lookup"]["master"] == defaults["lookup"]["master"]
+    # Merged key by key: the package names stay.
+    assert settings["lookup"]["master"] == {**defaults["lookup"]["master"], "service": "master"}
+    assert settings["lookup"]["minion"] == defaults["lookup"]["minion"]
 
 
 def test_minion_id_defaults_to_the_master_id(defaults):
