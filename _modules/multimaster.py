@@ -491,6 +491,11 @@ def forget_cluster_peer(peer, rotate_secret=False, test=False):
     held = os.path.lexists(os.path.join(peers_dir, f"{peer}.pub"))
     running = (mopts.get("cluster_secret") or "").encode()
     wanted = ((section.get("cluster") or {}).get("secret") or "").encode()
+    if rotate_secret and not wanted:
+        raise CommandExecutionError(
+            f"{master['id']}: pillar multimaster:cluster:secret is empty for {__opts__['id']}; "
+            "expected the new cluster secret (target it at the masters' control minions)"
+        )
     if rotate_secret and held and hmac.compare_digest(running, wanted):
         raise CommandExecutionError(
             f"{master['id']}: multimaster:cluster:secret in pillar is the secret this master "

@@ -369,6 +369,11 @@ def test_forget_cluster_peer_refuses_to_rotate_to_the_secret_it_runs_with(
             mod.forget_cluster_peer("10.0.3.63", rotate_secret=True, test=test)
         assert OLD_SECRET not in str(err.value)
     assert cluster_peer.exists()
+    # A pillar without the secret is no rotation either.
+    del pillar["multimaster"]["cluster"]["secret"]
+    with pytest.raises(CommandExecutionError, match="secret is empty"):
+        mod.forget_cluster_peer("10.0.3.63", rotate_secret=True)
+    assert cluster_peer.exists()
     # Not asked to rotate: the key goes.
     assert mod.forget_cluster_peer("10.0.3.63")["deleted"] is True
 
