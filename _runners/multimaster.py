@@ -581,6 +581,29 @@ _RACE_ROUNDS = 3
 _REPLAYED = ("accept", "reject")
 # Set in the events ``key_event`` fires: the key reactor does not react to them again.
 REPLAYED_MARK = "multimaster_replayed"
+# A replay the bus refuses is retried this many times, this many seconds apart.
+REPLAY_ATTEMPTS = 5
+REPLAY_INTERVAL = 1.0
+
+
+def _fire_on_own_bus(data, tag):
+    """
+    Fire ``data`` on this master's event bus, a fresh connection per attempt: a ``salt-key -r``
+    makes Salt rotate this master's AES key at the same moment, and its publisher has been seen
+    to close the connection mid-rotation (``StreamClosedError``). True once it was taken.
+    """
+    for attempt in range(REPLAY_ATTEMPTS):
+        if attempt:
+            time.sleep(REPLAY_INTERVAL)
+        try:
+            with salt.utils.event.get_master_event(
+                __opts__, __opts__["sock_dir"], listen=False
+            ) as bus:
+                if bus.fire_event(data, tag):
+                    return True
+        except Exception as exc:  # pylint: disable=broad-except
+            log.warning("multimaster: firing %s on this master's bus failed: %s", tag, exc)
+    return False
 
 
 def _replay_to_cluster(here, minion, op, act, pem):
@@ -597,11 +620,8 @@ def _replay_to_cluster(here, minion, op, act, pem):
         return _finish(
             {"comment": f"{minion} on {here} is not a valid public key; nothing replayed"}, True
         )
-    with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=False) as bus:
-        fired = bus.fire_event(
-            {"act": op, "id": minion, "pub": pem, "result": True, REPLAYED_MARK: here}, "salt/key"
-        )
-    if not fired:
+    data = {"act": op, "id": minion, "pub": pem, "result": True, REPLAYED_MARK: here}
+    if not _fire_on_own_bus(data, "salt/key"):
         return _finish({"comment": f"{op} {minion}: {here}'s event bus refused the replay"}, True)
     log.info("multimaster: %s %s replayed to the cluster peers of %s", op, minion, here)
     return _finish({"comment": f"{op} {minion} replayed to the cluster's peers"}, False)
@@ -1488,7 +1508,8 @@ def share_peer_keys(masters=None, test=False, timeout=60):
 def _cluster_status(section):
     """
     Mode cluster: Salt's Raft membership as this master sees it (``cluster.members``), every
-    configured master a member, a leader elected, and the balancer's frontends and each master's
+    configured master a member (members pillar no longer lists are named, not a failure), a
+    leader elected, and the balancer's frontends and each master's
     publish/return ports (what HAProxy's health checks probe) accepting connections.
     """
     ports = section["ports"]
@@ -1506,6 +1527,8 @@ def _cluster_status(section):
             "learners": members.get("learners", []),
             "leader": members.get("leader_id"),
             "missing": [address for address in expected if address not in known],
+            # Salt 3008.3 cannot drop a member from its Raft: a removed master stays listed.
+            "not_configured": sorted(known - set(expected)),
         },
         "backends": {
             address: {

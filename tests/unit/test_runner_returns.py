@@ -348,6 +348,40 @@ def test_key_event_in_a_cluster_without_a_readable_key_replays_nothing_and_fails
     assert cluster_bus == []
 
 
+@pytest.mark.parametrize("refusals, retcode", [(2, 0), (5, 1)])
+def test_key_event_in_a_cluster_retries_a_bus_that_refuses_the_replay(
+    runner, use, store, monkeypatch, refusals, retcode
+):
+    """
+    A bus that refuses (or closes mid AES rotation) is tried again on a fresh connection: the
+    replay is fired once it is taken, and fails with retcode 1 when it never is.
+    """
+    monkeypatch.setitem(runner.__opts__, "cluster_id", "c1")
+    monkeypatch.setitem(runner.__opts__, "sock_dir", "/run/salt/master")
+    monkeypatch.setattr(runner, "REPLAY_INTERVAL", 0)
+    attempts, fired = [], []
+
+    class Bus:
+        def fire_event(self, data, tag):
+            attempts.append(tag)
+            if len(attempts) <= refusals:
+                if len(attempts) % 2:
+                    raise OSError("stream closed")
+                return False
+            fired.append((tag, data["act"]))
+            return True
+
+    monkeypatch.setattr(
+        runner.salt.utils.event, "get_master_event", lambda *a, **k: contextlib.nullcontext(Bus())
+    )
+    use({})
+    store(["rejected", "ab:cd"])
+    ret = runner.key_event("web1", "rejected")
+    assert ret["retcode"] == retcode, ret
+    assert fired == ([("salt/key", "reject")] if retcode == 0 else [])
+    assert len(attempts) == min(refusals + 1, runner.REPLAY_ATTEMPTS)
+
+
 def test_wait_masters_reports_the_masters_that_never_settled(runner, use):
     use({"cm1": {"up": True, "restart_pending": False, "settled": True}, "cm2": {"up": False}})
     ret = runner.wait_masters(timeout=0, interval=0)
