@@ -1509,8 +1509,8 @@ def _cluster_status(section):
     """
     Mode cluster: Salt's Raft membership as this master sees it (``cluster.members``), every
     configured master a member (members pillar no longer lists are named, not a failure), a
-    leader elected, and the balancer's frontends and each master's
-    publish/return ports (what HAProxy's health checks probe) accepting connections.
+    leader elected, and the balancer's frontends and each master's publish/return ports (what
+    HAProxy's health checks probe) accepting connections.
     """
     ports = section["ports"]
     expected = [multimaster_settings.cluster_address(m) for m in section["masters"]]
