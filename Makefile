@@ -1,17 +1,37 @@
 # The README's commands. Everything installs into .venv from requirements.txt.
+# SALT=3006 or SALT=3007: the same pins with that line's Salt (requirements.txt names it), in
+# .venv/salt3006 / .venv/salt3007 (`make venv test-compat SALT=3006`).
+SALT ?=
+ifeq ($(SALT),)
 VENV ?= .venv
+else
+VENV ?= .venv/salt$(SALT)
+endif
+ifeq ($(SALT),)
+PINS := cat requirements.txt
+else
+PINS := grep -q '^\# salt-$(SALT): ' requirements.txt \
+	|| { echo "requirements.txt pins no Salt $(SALT) (\# salt-$(SALT): salt==...)" >&2; exit 1; } \
+	&& sed -e '/^salt==/d' -e 's/^\# salt-$(SALT): //' requirements.txt
+endif
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: venv demo down test lint bench
+# The suites every supported Salt line runs: key and roots planes, and the formula's foundation.
+COMPAT_TESTS := tests/unit/test_saltlayout.py tests/integration/keys \
+	tests/integration/test_hot.py tests/integration/test_failover.py \
+	tests/integration/test_master_config.py tests/integration/test_local_apply.py
+
+.PHONY: venv demo down test test-compat lint bench
 
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -r requirements.txt
+	$(PINS) > $(VENV)/requirements.txt
+	$(BIN)/pip install -q -r $(VENV)/requirements.txt
 	touch $@
 
 demo: venv
@@ -22,6 +42,9 @@ down: venv
 
 test: venv
 	$(PY) -m pytest tests
+
+test-compat: venv
+	$(PY) -m pytest $(COMPAT_TESTS)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -25,6 +25,7 @@ try:
     import multimaster_ids
     import multimaster_keystore
     import multimaster_roots
+    import multimaster_saltlayout
     import multimaster_settings
 
     HAS_UTILS = True
@@ -100,9 +101,8 @@ def settings(defaults=None, redact=True):
 
         salt '*' multimaster.settings
     """
-    # unmask: outside a template render Salt 3008's pillar.get returns '**********' for values.
     merged = multimaster_settings.build(
-        __salt__["pillar.get"]("multimaster", {}, unmask=True), _defaults(defaults)
+        multimaster_saltlayout.pillar_section(__salt__, "multimaster"), _defaults(defaults)
     )
     local_master = _local_master(merged)
     merged["local"] = {
@@ -111,6 +111,9 @@ def settings(defaults=None, redact=True):
         "minion_pidfile": __opts__["pidfile"],
         "first_highstate_mark": _first_highstate_mark(),
         "master": local_master,
+        "gitfs_install": multimaster_settings.gitfs_install(
+            merged, multimaster_saltlayout.salt_install()
+        ),
     }
     merged["config"] = {
         "minion": multimaster_settings.minion_config(merged),
@@ -469,7 +472,7 @@ def forget_cluster_peer(peer, rotate_secret=False, test=False):
     multimaster_ids.check_id(peer, "peer")
     # The pillar alone (no formula defaults from the file server): a cluster names its mode.
     section = multimaster_settings.check_section(
-        __salt__["pillar.get"]("multimaster", {}, unmask=True)
+        multimaster_saltlayout.pillar_section(__salt__, "multimaster")
     )
     master = multimaster_settings.local_master(
         section, __opts__["id"], os.path.dirname(__opts__["conf_file"])

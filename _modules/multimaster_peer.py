@@ -30,6 +30,7 @@ try:
     import multimaster_keys
     import multimaster_keystore
     import multimaster_roots
+    import multimaster_saltlayout
     import multimaster_seal
     import multimaster_settings
     import multimaster_transport
@@ -63,7 +64,7 @@ def _local():
     """
     This host's master entry (``config_dir`` resolved) and the ``multimaster`` pillar section.
     """
-    pillar = __salt__["pillar.get"]("multimaster", {}, unmask=True)
+    pillar = multimaster_saltlayout.pillar_section(__salt__, "multimaster")
     try:
         section = multimaster_settings.check_section(pillar)
     except SaltInvocationError as exc:

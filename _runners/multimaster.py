@@ -20,7 +20,6 @@ import logging
 import os
 import time
 
-import salt.cache
 import salt.client
 import salt.config
 import salt.runner
@@ -207,10 +206,7 @@ def _signer_key():
         path = os.path.join(__opts__["cluster_pki_dir"], "cluster.pem")
         with salt.utils.files.fopen(path, "r") as handle:
             return handle.read()
-    name_pem, _ = multimaster_keystore.master_key_files(__opts__, False)
-    return salt.cache.Cache(__opts__, driver=__opts__["keys.cache_driver"]).fetch(
-        "master_keys", name_pem
-    )
+    return multimaster_keystore.read_master_key(__opts__, private=True)
 
 
 # --- minion keys -----------------------------------------------------------------------------
@@ -751,18 +747,17 @@ def _local_pair(signing):
     """
     ``(private pem, public pem)`` of the pair this master would deliver (never returned).
     """
-    name_pem, name_pub = multimaster_keystore.master_key_files(__opts__, signing)
-    cache = salt.cache.Cache(__opts__, driver=__opts__["keys.cache_driver"])
-    return cache.fetch("master_keys", name_pem), cache.fetch("master_keys", name_pub)
+    return (
+        multimaster_keystore.read_master_key(__opts__, signing, private=True),
+        multimaster_keystore.read_master_key(__opts__, signing),
+    )
 
 
 def _primary_key_entry(minion_id):
     """
     ``(state, pem, denied)`` of ``minion_id`` in this master's own key store.
     """
-    cache = salt.cache.Cache(__opts__, driver=__opts__["keys.cache_driver"])
-    entry = cache.fetch("keys", minion_id) or {}
-    return entry.get("state"), entry.get("pub"), bool(cache.fetch("denied_keys", minion_id))
+    return multimaster_keystore.key_entry(__opts__, minion_id)
 
 
 def _recipient_problem(master, inventories, planning=False):

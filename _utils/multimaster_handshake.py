@@ -57,7 +57,11 @@ def _sign_in(minion_opts, host, port, master_pub=None, sign_pub=None, timeout=10
         except (SystemExit, Exception) as exc:  # noqa: BLE001 - any failure means "not verified"
             return False, f"sign-in failed: {type(exc).__name__}", None
         finally:
-            salt.crypt.SAuth.instances.pop(salt.crypt._auth_singleton_key(opts), None)
+            # SAuth keeps one instance per minion/master pair; drop this one (whatever the key
+            # Salt names it by) so the next check signs in afresh.
+            for key, instance in list(salt.crypt.SAuth.instances.items()):
+                if instance is auth:
+                    salt.crypt.SAuth.instances.pop(key, None)
         served = None
         mpub = os.path.join(pki, "minion_master.pub")
         if os.path.isfile(mpub):

@@ -2,8 +2,10 @@
 A master's key store as seen from its host (the control minion): read the inventory, apply key
 actions crash-safely under a lock, read and install master keys, request AES rotation.
 
-Keys go through ``salt.cache.Cache(opts, driver=opts["keys.cache_driver"])`` like Salt's own
-``salt-key``. One exception, for the default ``localfs_key`` driver: its ``store`` first deletes
+On 3008, keys go through ``salt.cache.Cache(opts, driver=opts["keys.cache_driver"])`` like Salt's
+own ``salt-key``; 3006/3007 keep the same ``pki_dir`` files with no cache in front
+(``multimaster_saltlayout`` says which). One exception, for the files of ``localfs_key`` (and of
+the older Salts): Salt's ``store`` first deletes
 the old key and then writes a temp file inside the target dir, so a crash can lose the key or
 leave ``minions_pre/tmpXXXX`` that ``salt-key`` lists as a minion. Here the new file is staged in
 a private temp dir (``.multimaster-tmp``), made durable, renamed into place, and only then are the
@@ -31,9 +33,9 @@ import time
 import cryptography.exceptions
 import multimaster_ids
 import multimaster_keys
-import salt.cache
+import multimaster_saltlayout
 import salt.config
-import salt.crypt
+import salt.utils.files
 import salt.utils.user
 from salt.exceptions import CommandExecutionError
 
@@ -70,11 +72,11 @@ def master_opts(config_dir):
 
 
 def _cache(mopts):
-    return salt.cache.Cache(mopts, driver=mopts["keys.cache_driver"])
+    return multimaster_saltlayout.key_cache(mopts)
 
 
 def _localfs(mopts):
-    return mopts["keys.cache_driver"] == "localfs_key"
+    return multimaster_saltlayout.keys_are_files(mopts)
 
 
 def _pki(mopts):
@@ -83,12 +85,13 @@ def _pki(mopts):
 
 def master_key_name(mopts):
     """
-    The base name 3008 stores the master keypair under (``<id without _master>``).
+    The base name the master stores its keypair under (``<id without _master>`` on 3008,
+    ``master`` before).
 
     mopts
         The master's opts, as Salt loads them from its config dir (``master_opts``).
     """
-    return mopts["id"].removesuffix("_master")
+    return multimaster_saltlayout.master_key_base(mopts)
 
 
 # --- lock ------------------------------------------------------------------------------------
@@ -176,6 +179,23 @@ def inventory(mopts, with_pubs=False, ids=None, fp_cache=None):
         if with_pubs and pem is not None:
             pubs.setdefault(minion_id, {})["denied"] = pem
     return entries, pubs
+
+
+def key_entry(mopts, minion_id):
+    """
+    ``(state, pem, denied)`` of ``minion_id`` in this master's key store: its state (None when
+    it has none but a denial), the PEM of that key (None unless it is one public key PEM) and
+    whether a denied key is held for the id.
+
+    mopts
+        The master's opts, as Salt loads them from its config dir (``master_opts``).
+    """
+    entries, pubs = inventory(mopts, with_pubs=True, ids={minion_id})
+    entry = entries.get(minion_id)
+    if entry is None:
+        return None, None, False
+    state = None if entry[0] == "denied" else entry[0]
+    return state, pubs.get(minion_id, {}).get("key"), len(entry) > 2
 
 
 def _wanted(ids):
@@ -703,7 +723,7 @@ def rotate_aes(mopts):
     mopts
         The master's opts, as Salt loads them from its config dir (``master_opts``).
     """
-    salt.crypt.dropfile(mopts["cachedir"], mopts["user"], mopts["id"])
+    multimaster_saltlayout.rotate_aes(mopts)
 
 
 # --- master keys -----------------------------------------------------------------------------
@@ -737,8 +757,10 @@ def read_master_key(mopts, signing=False, private=False):
         True for the signing pair (failover with signing), False for the master key pair.
     """
     pem_name, pub_name = master_key_files(mopts, signing)
-    cache = _cache(mopts)
     name = pem_name if private else pub_name
+    if multimaster_saltlayout.key_cache_driver(mopts) is None:
+        return _read_text(os.path.join(mopts["pki_dir"], name))
+    cache = _cache(mopts)
     value = cache.fetch("master_keys", name)
     if value is None and not signing:
         # A master that has never started under 3008 still has plain master.pem/.pub.
@@ -812,7 +834,7 @@ def install_master_key(mopts, pem, pub, signing=False):
             cache.store("master_keys", pub_name, pub)
             return
         _install_files(mopts, (pem_name, pem), (pub_name, pub))
-        if not signing:
+        if not signing and multimaster_saltlayout.links_legacy_master_key(mopts):
             _link_legacy(mopts["pki_dir"], pem_name, pub_name)
 
 
@@ -842,6 +864,15 @@ def _install_files(mopts, private, public):
             _fsync_dir(pki)
     finally:
         _discard(staged)
+
+
+def _read_text(path):
+    # 3006/3007 keep master.pem/.pub (and the signing pair) as plain files in pki_dir.
+    try:
+        with salt.utils.files.fopen(path, "r") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
 
 
 def _link_legacy(pki, pem_name, pub_name):

@@ -14,6 +14,7 @@ import re
 
 import multimaster_ids
 import multimaster_keys
+import multimaster_saltlayout
 import multimaster_transport
 import salt.utils.dictupdate
 from salt.exceptions import SaltInvocationError
@@ -39,6 +40,7 @@ CLUSTER_SECRET_EXPECTED = (
 # '': localfs_key with an isolated filesystem (see cluster_config), else Salt's default.
 KEY_CACHE_DRIVERS = ("", "localfs_key", "mmap_key")
 WILDCARDS = ("0.0.0.0", "::", "")
+GITFS_INSTALLS = ("auto", "pkg", "pip")
 _CLUSTER_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
 _SHA256_HEX_RE = re.compile(r"[0-9a-fA-F]{64}\Z")
 
@@ -176,6 +178,13 @@ def _validate_merged(settings):
     _check_mapping(settings["master"], "gitfs", "master")
     for key in ("master", "minion"):
         _check_mapping(settings["lookup"], key, "lookup")
+    gitfs_install = settings["lookup"]["master"].get("gitfs_install")
+    if gitfs_install not in GITFS_INSTALLS:
+        _fail(
+            "lookup:master:gitfs_install",
+            gitfs_install,
+            "one of " + ", ".join(map(repr, GITFS_INSTALLS)) + " (how pygit2 for gitfs installs)",
+        )
     config_file = settings["lookup"].get("config_file")
     if not isinstance(config_file, str) or not _CONFIG_FILE_RE.match(config_file):
         _fail(
@@ -468,6 +477,21 @@ def pull_acl(settings):
     return {f"^({ids})$": [f"^{re.escape(multimaster_transport.PULL)}$"]}
 
 
+def gitfs_install(settings, salt_install):
+    """
+    How ``multimaster.master`` installs pygit2 for gitfs: ``pkg`` (``lookup:master:gitfs_pkg``)
+    or ``pip`` (``lookup:master:gitfs_pip`` with Salt's own pip). ``auto`` picks ``pkg`` only for
+    a distro-packaged Salt on the system Python: onedir Salt never sees the system's packages.
+
+    salt_install
+        ``multimaster_saltlayout.salt_install()`` of this host.
+    """
+    method = settings["lookup"]["master"]["gitfs_install"]
+    if method == "auto":
+        return "pkg" if salt_install == "package" else "pip"
+    return method
+
+
 def reactor_config(reactor):
     """
     The master's ``reactor`` list for the switches that are on (empty when none is).
@@ -579,6 +603,13 @@ def cluster_config(settings, master, pki_dir):
     pki_dir
         That master's ``pki_dir``; ``cluster_pki_dir`` defaults to ``cluster`` beside it.
     """
+    if not multimaster_saltlayout.can_cluster():
+        _fail(
+            "mode",
+            "cluster",
+            f"'hot' or 'failover': Salt {multimaster_saltlayout.salt_version()} on this master "
+            "has no native master cluster (Salt 3007 or newer)",
+        )
     cluster = settings["cluster"]
     secret = cluster["secret"]
     if not isinstance(secret, str) or len(secret) < MIN_CLUSTER_SECRET:
@@ -609,8 +640,8 @@ def cluster_config(settings, master, pki_dir):
     driver = cluster["keys_cache_driver"] or (
         "localfs_key" if cluster["isolated_filesystem"] else ""
     )
-    if driver:
-        config["keys.cache_driver"] = driver
+    if driver and multimaster_saltlayout.has_key_cache():
+        config[multimaster_saltlayout.KEY_CACHE_OPTION] = driver
     if master.get("cluster_pub_fingerprint"):
         config["cluster_pub_fingerprint"] = master["cluster_pub_fingerprint"].lower()
     return config

@@ -4,6 +4,7 @@ loader and renderers (``state.show_sls`` on a masterless minion), and the render
 the pillar asked for. A bad pillar makes every SLS fail to render, naming the key.
 """
 
+import copy
 import pathlib
 
 import pytest
@@ -327,9 +328,29 @@ def test_gitfs_outputs(rendered):
     assert master["gitfs_provider"] == "pygit2"
     assert master["gitfs_remotes"] == ["https://git.example.com/salt/multimaster-formula.git"]
     assert master["publisher_acl"] == {"deploy": [{"web*": ["test.ping"]}]}
+    # This suite's Salt is pip-installed: pygit2 goes into the Python running it.
+    assert gitfs_dependency(results) == ("pip.installed", {"name": "pygit2"})
+
+
+def gitfs_dependency(results):
+    """
+    ``(function, arguments)`` of the one state that installs gitfs' pygit2.
+    """
     master_states = states(results["multimaster.master"])
-    _, kwargs = args(master_states["multimaster-master-package-install-gitfs-pkg-installed"])
-    assert kwargs["name"] == "python3-pygit2"
+    (body,) = (body for sid, body in master_states.items() if "gitfs" in sid)
+    fun, kwargs = args(body)
+    kwargs.pop("order", None)
+    return fun, kwargs
+
+
+def test_gitfs_with_a_distro_packaged_salt_installs_the_package(salt_env):
+    data = copy.deepcopy(VARIANTS["gitfs-acl"][1])
+    data["lookup"] = {"master": {"gitfs_install": "pkg"}}
+    env = salt_env("master2", data)
+    assert gitfs_dependency(env.render(["multimaster.master"])) == (
+        "pkg.installed",
+        {"name": "python3-pygit2"},
+    )
 
 
 def test_unmanaged_outputs(rendered):

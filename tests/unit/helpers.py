@@ -6,10 +6,12 @@ A test module hands a loaded module to pytest-salt-factories' loader mock throug
 ``configure_loader_modules`` fixture, which patches in the loader dunders for each test.
 """
 
+import copy
 import importlib.util
 import pathlib
 import sys
 
+import salt.config
 import salt.utils.yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -36,3 +38,25 @@ def read_defaults():
     """
     with open(ROOT / "multimaster" / "parameters" / "defaults.yaml", encoding="utf-8") as handle:
         return salt.utils.yaml.safe_load(handle)["values"]
+
+
+def master_opts(tmp_path, **extra):
+    """
+    Salt's default master options with ``pki_dir``, ``cachedir`` and ``sock_dir`` made under
+    ``tmp_path``, id ``master1`` and the current user; ``extra`` on top.
+    """
+    opts = copy.deepcopy(salt.config.DEFAULT_MASTER_OPTS)
+    opts.update(
+        {
+            "pki_dir": str(tmp_path / "pki"),
+            "cachedir": str(tmp_path / "cache"),
+            "sock_dir": str(tmp_path / "sock"),
+            "id": "master1",
+            "user": None,
+            "__role": "master",
+        },
+        **extra,
+    )
+    for name in ("pki", "cache", "sock"):
+        (tmp_path / name).mkdir(exist_ok=True)
+    return opts

@@ -3,7 +3,6 @@ Master key pair install and checks in the key store (_utils/multimaster_keystore
 for localfs_key, under the store lock, the pair always consistent.
 """
 
-import copy
 import os
 import stat
 import threading
@@ -14,7 +13,7 @@ import salt.config
 import salt.crypt
 from salt.exceptions import CommandExecutionError, SaltCacheError
 
-from . import helpers  # noqa: F401  (puts _utils on sys.path)
+from . import helpers
 from .keyfactory import priv_pem, pub_pem, rsa_private
 from .test_keystore import holding_the_lock
 
@@ -30,21 +29,7 @@ def pair(key):
 
 @pytest.fixture
 def mopts(tmp_path):
-    opts = copy.deepcopy(salt.config.DEFAULT_MASTER_OPTS)
-    opts.update(
-        {
-            "pki_dir": str(tmp_path / "pki"),
-            "cachedir": str(tmp_path / "cache"),
-            "sock_dir": str(tmp_path / "sock"),
-            "id": "master1",
-            "user": None,
-            "__role": "master",
-            "keys.cache_driver": "localfs_key",
-        }
-    )
-    for name in ("pki", "cache", "sock"):
-        (tmp_path / name).mkdir()
-    return opts
+    return helpers.master_opts(tmp_path, **{"keys.cache_driver": "localfs_key"})
 
 
 def on_disk(mopts, name):

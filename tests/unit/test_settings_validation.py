@@ -468,6 +468,12 @@ CASES = {
         js("salt-master"),
         "a mapping",
     ),
+    "gitfs-install-unknown": (
+        pillar(lookup={"master": {"gitfs_install": "apt"}}),
+        "lookup:master:gitfs_install",
+        js("apt"),
+        "one of 'auto', 'pkg', 'pip'",
+    ),
     "config-file-with-path": (
         pillar(lookup={"config_file": "../../minion"}),
         "lookup:config_file",

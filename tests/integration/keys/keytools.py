@@ -11,6 +11,7 @@ import json
 import pathlib
 import re
 
+import salt.config
 from cryptography.hazmat.primitives import serialization
 
 from ..harness import devkit, read_pid, wait_for  # noqa: F401  (the key tests use keytools.*)
@@ -121,6 +122,17 @@ def stray_files(master):
         if (root / name).is_dir():
             stray += [str(p) for p in (root / name).glob("tmp*")]
     return stray
+
+
+def stored_master_pair(master):
+    """
+    Where the running Salt stores ``master``'s key pair: ``<id>.pem/.pub`` behind
+    ``master.pem/.pub`` links with 3008's key cache, ``master.pem/.pub`` themselves before.
+    """
+    pki = pki_dir(master)
+    if "keys.cache_driver" in salt.config.VALID_OPTS:
+        return pki / f"{master.id}.pem", pki / f"{master.id}.pub"
+    return pki / "master.pem", pki / "master.pub"
 
 
 def master_public_pem(master):

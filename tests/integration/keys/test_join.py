@@ -280,14 +280,15 @@ def test_second_run_changes_nothing(key_cluster, hot):
 
 def test_peer_master_key_files_are_secure(key_cluster, joined):
     """
-    On each peer the delivered pair is stored where 3008 keeps it (``<id>.pem/.pub``, with
-    ``master.pem/.pub`` linking to them): regular files, the private one 0400 and owned by the
-    master's user, the public one matching the private one and the primary's.
+    On each peer the delivered pair is stored where its Salt keeps it (3008: ``<id>.pem/.pub``,
+    with ``master.pem/.pub`` linking to them; 3006/3007: ``master.pem/.pub``): regular files,
+    the private one 0400 and owned by the master's user, the public one matching the private one
+    and the primary's.
     """
     intended = keytools.fingerprint(keytools.master_public_pem(key_cluster.primary))
     for peer in key_cluster.masters[1:]:
         pki = keytools.pki_dir(peer)
-        pem, pub = pki / f"{peer.id}.pem", pki / f"{peer.id}.pub"
+        pem, pub = keytools.stored_master_pair(peer)
         assert not pem.is_symlink() and pem.is_file(), pem
         assert not pub.is_symlink() and pub.is_file(), pub
         assert (pem.stat().st_mode & 0o777) == 0o400, oct(pem.stat().st_mode)
