@@ -171,8 +171,19 @@ def _validate_pillar(pillar):
 
 
 def _validate_merged(settings):
-    for key in ("ports", "failover", "signing", "cluster", "reactor", "minion", "master", "lookup"):
+    for key in (
+        "ports",
+        "failover",
+        "signing",
+        "cluster",
+        "reactor",
+        "sse",
+        "minion",
+        "master",
+        "lookup",
+    ):
         _check_mapping(settings, key)
+    _validate_sse(settings)
     for key in REACTORS:
         _check_bool(settings["reactor"], key, "reactor")
     _check_mapping(settings["master"], "gitfs", "master")
@@ -247,6 +258,27 @@ def _validate_merged(settings):
     remotes = master["gitfs"].get("remotes")
     if not isinstance(remotes, list):
         _fail("master:gitfs:remotes", remotes, "a list of git remote URLs")
+
+
+def _validate_sse(settings):
+    sse = settings["sse"]
+    _check_bool(sse, "enabled", "sse")
+    if not sse["enabled"]:
+        return
+    if settings["mode"] == "cluster":
+        _fail(
+            "sse:enabled",
+            True,
+            "false with mode 'cluster' (the SSE options are for hot and failover sets)",
+        )
+    cluster_id = sse.get("cluster_id")
+    if not isinstance(cluster_id, str) or not _CLUSTER_ID_RE.match(cluster_id):
+        _fail(
+            "sse:cluster_id",
+            cluster_id,
+            "the name the SSE server knows this set of masters by (letters, digits, '_', '.', "
+            "'-'; at most 64)",
+        )
 
 
 def _validate_cluster(settings):
@@ -524,6 +556,9 @@ def master_config(settings, master):
     config["peer_run"] = {**(section["acl"].get("peer_run") or {}), **pull_acl(settings)}
     if settings["mode"] == "failover" and settings["signing"]["enabled"]:
         config["master_sign_pubkey"] = True
+    if settings["sse"]["enabled"]:
+        config["sseapi_cluster_id"] = settings["sse"]["cluster_id"]
+        config["sseapi_failover_master"] = settings["mode"] == "failover"
     reactors = reactor_config(settings["reactor"])
     if reactors:
         # Salt merges list options across master.d files: a shop's own reactors stay.

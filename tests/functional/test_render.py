@@ -85,6 +85,11 @@ VARIANTS = {
     "example": ("master2", (ROOT / "pillar.example").read_text()),
     "hot": ("master2", pillar(mode="hot")),
     "hot-plain-minion": ("web1", pillar(mode="hot")),
+    "hot-sse": ("master2", pillar(mode="hot", sse={"enabled": True, "cluster_id": "prod-east"})),
+    "failover-sse": (
+        "master2",
+        pillar(mode="failover", sse={"enabled": True, "cluster_id": "prod-east"}),
+    ),
     "failover": (
         "master2",
         pillar(mode="failover", failover={"alive_interval": 10, "failback": True}),
@@ -217,6 +222,19 @@ def test_pillar_example_outputs(rendered):
         fun.startswith("pkg.") and "salt-minion" in str(kwargs)
         for fun, kwargs in map(args, everything.values())
     )
+
+
+@pytest.mark.parametrize(("variant", "failover"), [("hot-sse", False), ("failover-sse", True)])
+def test_sse_outputs(rendered, variant, failover):
+    env, results = rendered(variant)
+    master = master_dataset(env, results)
+    assert master["sseapi_cluster_id"] == "prod-east"
+    assert master["sseapi_failover_master"] is failover
+
+
+def test_sse_options_only_when_asked(rendered):
+    env, results = rendered("hot")
+    assert not [key for key in master_dataset(env, results) if key.startswith("sseapi")]
 
 
 def test_hot_outputs(rendered):

@@ -468,6 +468,32 @@ CASES = {
         js("salt-master"),
         "a mapping",
     ),
+    "sse-without-cluster-id": (
+        pillar(sse={"enabled": True}),
+        "sse:cluster_id",
+        js(""),
+        "the name the SSE server knows this set of masters by",
+    ),
+    "sse-enabled-not-a-bool": (
+        pillar(sse={"enabled": "yes", "cluster_id": "prod"}),
+        "sse:enabled",
+        js("yes"),
+        "true or false",
+    ),
+    "sse-in-cluster-mode": (
+        pillar(
+            mode="cluster",
+            sse={"enabled": True, "cluster_id": "prod"},
+            cluster={"balancer": "127.0.0.10", "id": "c1"},
+            masters=[
+                {"id": "127.0.0.2", "host": "127.0.0.2"},
+                {"id": "127.0.0.3", "host": "127.0.0.3"},
+            ],
+        ),
+        "sse:enabled",
+        "true",
+        "false with mode 'cluster'",
+    ),
     "gitfs-install-unknown": (
         pillar(lookup={"master": {"gitfs_install": "apt"}}),
         "lookup:master:gitfs_install",
