@@ -2,7 +2,8 @@
 Fixtures for the key-plane tests: three masters and their control minions, real daemons.
 
 Each test module sets ``PREFIX`` (daemon ids) and ``PORTS`` (its own publish/ret pair, in
-31000-31999); it may set ``DAEMON_EXTRA`` (options for every daemon, e.g. debug logging). The
+31000-31999); it may set ``DAEMON_EXTRA`` (options for every daemon, e.g. debug logging) and
+``MASTER_OPTIONS(index)`` (options for one master alone, e.g. its key-cache driver). The
 masters bind 127.0.0.4, 127.0.0.5 and 127.0.0.6 on those same ports, each with its own keypair
 (``sync_master_key`` must deliver the shared one), ``open_mode``/``auto_accept`` off. Each master
 has a control minion connected to master1 only and accepted there with ``salt-key``; the
@@ -79,6 +80,11 @@ def daemon_extra(request):
     return dict(getattr(request.module, "DAEMON_EXTRA", {}))
 
 
+@pytest.fixture(scope="module")
+def master_options(request):
+    return getattr(request.module, "MASTER_OPTIONS", lambda index: {})
+
+
 class PrimaryAcceptor(KeyAcceptor):
     """
     Auth-event callback for the masters: the key a fixture's minion submits to master1 is
@@ -130,7 +136,14 @@ def master_roots(request):
 
 @pytest.fixture(scope="module")
 def key_masters(
-    salt_factories, tmp_path_factory, prefix, ports, daemon_extra, key_acceptor, master_roots
+    salt_factories,
+    tmp_path_factory,
+    prefix,
+    ports,
+    daemon_extra,
+    master_options,
+    key_acceptor,
+    master_roots,
 ):
     """
     master1..3 started, each with its own keypair; master1 knows the set (``multimaster:``).
@@ -146,6 +159,7 @@ def key_masters(
                 serve_repo=index == 0,  # the formula is served by the primary
                 **MASTER_EXTRA,
                 **daemon_extra,
+                **master_options(index),
                 **master_roots(index, pillar_dir),
             ),
             on_auth_event_callback=key_acceptor,
