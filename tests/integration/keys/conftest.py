@@ -3,7 +3,8 @@ Fixtures for the key-plane tests: three masters and their control minions, real 
 
 Each test module sets ``PREFIX`` (daemon ids) and ``PORTS`` (its own publish/ret pair, in
 31000-31999); it may set ``DAEMON_EXTRA`` (options for every daemon, e.g. debug logging) and
-``MASTER_OPTIONS(index)`` (options for one master alone, e.g. its key-cache driver). The
+``MASTER_OPTIONS(index, pillar_dir)`` (options for one master alone: its roots, its key-cache
+driver). The
 masters bind 127.0.0.4, 127.0.0.5 and 127.0.0.6 on those same ports, each with its own keypair
 (``sync_master_key`` must deliver the shared one), ``open_mode``/``auto_accept`` off. Each master
 has a control minion connected to master1 only and accepted there with ``salt-key``; the
@@ -80,11 +81,6 @@ def daemon_extra(request):
     return dict(getattr(request.module, "DAEMON_EXTRA", {}))
 
 
-@pytest.fixture(scope="module")
-def master_options(request):
-    return getattr(request.module, "MASTER_OPTIONS", lambda index: {})
-
-
 class PrimaryAcceptor(KeyAcceptor):
     """
     Auth-event callback for the masters: the key a fixture's minion submits to master1 is
@@ -126,12 +122,13 @@ def _master_id(prefix, index):
 
 
 @pytest.fixture(scope="module")
-def master_roots(request):
+def master_options(request):
     """
-    The test module's ``MASTER_ROOTS(index, pillar_dir)`` (file_roots/pillar_roots options of
-    master ``index``), or nothing: master1 serves the repository, all share the pillar dir.
+    The test module's ``MASTER_OPTIONS(index, pillar_dir)`` (options of master ``index`` alone,
+    e.g. its file_roots/pillar_roots), or nothing: master1 serves the repository, all share the
+    pillar dir.
     """
-    return getattr(request.module, "MASTER_ROOTS", lambda index, pillar_dir: {})
+    return getattr(request.module, "MASTER_OPTIONS", lambda index, pillar_dir: {})
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +140,6 @@ def key_masters(
     daemon_extra,
     master_options,
     key_acceptor,
-    master_roots,
 ):
     """
     master1..3 started, each with its own keypair; master1 knows the set (``multimaster:``).
@@ -159,8 +155,7 @@ def key_masters(
                 serve_repo=index == 0,  # the formula is served by the primary
                 **MASTER_EXTRA,
                 **daemon_extra,
-                **master_options(index),
-                **master_roots(index, pillar_dir),
+                **master_options(index, pillar_dir),
             ),
             on_auth_event_callback=key_acceptor,
         )

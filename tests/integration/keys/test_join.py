@@ -50,7 +50,7 @@ ROTATION_WAIT = 5
 CONVERGE_TIMEOUT = 180
 
 
-def MASTER_ROOTS(index, pillar_dir):  # noqa: N802  (the conftest hook's name)
+def MASTER_OPTIONS(index, pillar_dir):  # noqa: N802  (the conftest hook's name)
     """
     Every master serves one formula dir (roots shared, as over NFS), so ``status`` finds the
     roots equal and the key-plane outcomes decide its exit code.

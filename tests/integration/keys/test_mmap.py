@@ -30,7 +30,7 @@ PORTS = Ports(publish=31180, ret=31181)
 BULK = 2000
 
 
-def MASTER_OPTIONS(index):  # noqa: N802 (a module hook, named as the conftest reads it)
+def MASTER_OPTIONS(index, pillar_dir):  # noqa: N802  (the conftest hook's name)
     return {"keys.cache_driver": "mmap_key"} if index else {}
 
 

@@ -38,7 +38,7 @@ def root_paths(index, pillar_dir):
 ROOTS = {}
 
 
-def MASTER_ROOTS(index, pillar_dir):  # noqa: N802  (the conftest hook's name)
+def MASTER_OPTIONS(index, pillar_dir):  # noqa: N802  (the conftest hook's name)
     formula, tree, shared, pillar = ROOTS[index] = root_paths(index, pillar_dir)
     for path in (formula, tree, shared, pillar):
         path.mkdir(parents=True, exist_ok=True)
