@@ -111,7 +111,7 @@ def settings(defaults=None, redact=True):
         "minion_pidfile": __opts__["pidfile"],
         "first_highstate_mark": _first_highstate_mark(),
         "master": local_master,
-        "gitfs_install": multimaster_settings.gitfs_install(
+        "python_deps": multimaster_settings.python_deps(
             merged, multimaster_saltlayout.salt_install()
         ),
     }
@@ -123,6 +123,8 @@ def settings(defaults=None, redact=True):
         merged["config"]["cluster"] = multimaster_settings.cluster_config(
             merged, local_master, local_master["pki_dir"]
         )
+    if local_master and merged["job_cache"]["enabled"]:
+        merged["config"]["job_cache"] = multimaster_settings.job_cache_config(merged)
     return multimaster_settings.redacted_settings(merged) if redact else merged
 
 

@@ -27,6 +27,7 @@ try:
     import multimaster_daemon
     import multimaster_handshake
     import multimaster_ids
+    import multimaster_jobcache
     import multimaster_keys
     import multimaster_keystore
     import multimaster_roots
@@ -582,8 +583,8 @@ def master_report(signing=False, ping_timeout=5):
     """
     What ``salt-run multimaster.status`` needs from this host in one call: the key inventory
     digests, the stored master key (or signing key), problems of the key store, the digest of
-    each root this master serves from disk, the commits it serves per git remote, and the
-    minions that answer ``test.ping`` from this master.
+    each root this master serves from disk, the commits it serves per git remote, whether its
+    job cache database answers, and the minions that answer ``test.ping`` from this master.
 
     signing
         Report the signing key instead of the master key.
@@ -608,6 +609,7 @@ def master_report(signing=False, ping_timeout=5):
     _, mopts = _mopts()
     report["roots"] = _manifests(mopts, multimaster_roots.synced_kinds(mopts)[0])[0]
     report["git"] = multimaster_roots.served_commits(mopts)
+    report["job_cache"] = multimaster_jobcache.check(mopts)
     report["alive"] = report["keys"]["alive"]
     if report["alive"]:
         report["answering"] = ping_minions(timeout=ping_timeout)

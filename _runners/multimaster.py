@@ -1500,6 +1500,21 @@ def share_peer_keys(masters=None, test=False, timeout=60):
     return _finish(ret, bool(not_here) or not all(r["result"] for r in report.values()))
 
 
+def _job_cache_status(reports, reachable):
+    """
+    Each master's job cache as its control minion found it (returner, database, answering,
+    what of the schema is missing), and whether all is well: either no master uses a shared
+    database, or every master uses the same one and it answers with its whole schema.
+    """
+    caches = {m: reports[m]["job_cache"] for m in reachable if "job_cache" in reports[m]}
+    if not any(cache["shared"] for cache in caches.values()):
+        return {}, True
+    ok = len({cache.get("database") for cache in caches.values()}) == 1 and all(
+        cache.get("reachable") and not cache.get("missing") for cache in caches.values()
+    )
+    return {"job_cache": caches, "job_cache_ok": ok}, ok
+
+
 def _cluster_status(section):
     """
     Mode cluster: Salt's Raft membership as this master sees it (``cluster.members``), every
@@ -1552,7 +1567,8 @@ def status(masters=None, timeout=30, ping_timeout=5, test=False):
     One report: which masters answer, whether they store and serve the same master key, whether
     their minion-key sets are equal (digests, and the differing ids), problems of their key
     stores, whether their roots are equal (a digest per master per root, and the differing
-    paths), which commits they serve per git remote, and which masters each minion answers.
+    paths), which commits they serve per git remote, whether the job cache database they share
+    answers (``job_cache``), and which masters each minion answers.
     In mode cluster: the Raft members as this master sees them (voters, learners, leader,
     configured masters missing), the balancer's frontends and every master's ports up.
     Read-only: ``test=True`` (accepted like every runner here) changes nothing either.
@@ -1621,6 +1637,9 @@ def status(masters=None, timeout=30, ping_timeout=5, test=False):
     ret["minions"] = dict(sorted(matrix.items()))
     roots, roots_equal = _roots_status(section, reports, timeout) if reachable else ({}, True)
     ret.update(roots)
+    job_cache, job_cache_ok = _job_cache_status(reports, reachable)
+    ret.update(job_cache)
     failed = bool(errors) or not ret["keys_equal"] or len(fps) != 1 or not roots_equal
+    failed = failed or not job_cache_ok
     failed = failed or ret.get("signing_public_key_matches") is False
     return _finish(ret, failed)

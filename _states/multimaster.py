@@ -5,11 +5,14 @@ States of the ``multimaster`` formula.
 that changes the master list still reports its result. ``master_key_files_secure`` reports master
 key files whose type, mode or owner is wrong. ``haproxy_configured``/``haproxy_running`` keep the
 balancer of a master cluster: a configuration HAProxy refuses never replaces the live one.
+``cluster_config_managed``/``job_cache_config_managed`` keep the 0600 files that hold a secret;
+``job_cache_schema_present`` prepares the shared job cache database.
 """
 
 import difflib
 import hashlib
 import os
+import pwd
 import stat
 
 import salt.utils.yaml
@@ -17,6 +20,7 @@ from salt.exceptions import CommandExecutionError
 
 try:
     import multimaster_haproxy
+    import multimaster_jobcache
     import multimaster_keys
     import multimaster_roots
 
@@ -322,36 +326,26 @@ def haproxy_running(name, pidfile, reload=False):
     return ret
 
 
-def cluster_config_managed(name):
+def _secret_config_managed(name, part, user):
     """
-    Ensure ``name`` (a ``master.d`` file, mode 0600) holds this master's cluster options from the
-    pillar ``multimaster`` (mode cluster), ``cluster_secret`` among them. The options are
-    computed here, at run time: passed as a state argument, the secret would be stored in the
+    Keep ``name`` a 0600 file owned by ``user`` that holds ``settings()["config"][part]``,
+    computed here at run time: passed as a state argument, a secret in it would be stored in the
     minion's ``highstate.cache.p`` with the rest of the compiled states. The return never shows
-    the content. The file is written atomically (temp file in the same directory, rename).
-
-    name
-        The file to manage.
-
-    CLI Example:
-
-    .. code-block:: yaml
-
-        multimaster-cluster-config-file-managed:
-          multimaster.cluster_config_managed:
-            - name: /etc/salt/master.d/multimaster-cluster.conf
+    the content. Written atomically (temp file in the same directory, fsync, rename).
     """
     ret = {"name": name, "result": True, "changes": {}, "comment": ""}
-    config = __salt__["multimaster.settings"](redact=False)["config"].get("cluster")
+    config = __salt__["multimaster.settings"](redact=False)["config"].get(part)
     if not config:
-        ret.update(result=False, comment="no cluster options: mode is not cluster on this master")
+        ret.update(result=False, comment=f"no {part} options in the pillar for this master")
         return ret
     data = salt.utils.yaml.safe_dump(config, default_flow_style=False).encode()
+    owner = pwd.getpwnam(user) if user else None
     try:
         st = os.lstat(name)
         current = (
             stat.S_ISREG(st.st_mode)
             and st.st_mode & 0o777 == 0o600
+            and (owner is None or (st.st_uid, st.st_gid) == (owner.pw_uid, owner.pw_gid))
             and (multimaster_roots.sha256_file(name) == hashlib.sha256(data).hexdigest())
         )
     except FileNotFoundError:
@@ -369,8 +363,111 @@ def cluster_config_managed(name):
     try:
         # Staged 0600 beside it, fsync'd, renamed; never through a link.
         multimaster_roots.write_file(directory, base, [data], 0o600)
+        if owner is not None:
+            # The master may run as its own user: it must read its options; nobody else may.
+            os.chown(name, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
     except OSError as exc:
         ret.update(result=False, comment=f"cannot write {name}: {exc.strerror or exc}")
         return ret
     ret.update(changes={"diff": "<secret: not shown>"}, comment=f"{name} updated")
+    return ret
+
+
+def cluster_config_managed(name, user=None):
+    """
+    Ensure ``name`` (a ``master.d`` file, mode 0600) holds this master's cluster options from the
+    pillar ``multimaster`` (mode cluster), ``cluster_secret`` among them. The options are
+    computed at run time, never a state argument; the return never shows the content.
+
+    name
+        The file to manage.
+
+    user
+        The user the master runs as (its ``user`` option): the file's owner. Default: leave
+        the owner as the writing process makes it.
+
+    CLI Example:
+
+    .. code-block:: yaml
+
+        multimaster-cluster-config-file-managed:
+          multimaster.cluster_config_managed:
+            - name: /etc/salt/master.d/multimaster-cluster.conf
+            - user: salt
+    """
+    return _secret_config_managed(name, "cluster", user)
+
+
+def job_cache_config_managed(name, user=None):
+    """
+    Ensure ``name`` (a ``master.d`` file, mode 0600) holds this master's job cache options from
+    the pillar ``multimaster:job_cache``: ``master_job_cache`` and the returner's connection
+    settings, the database password among them. Computed at run time, never a state argument;
+    the return never shows the content.
+
+    name
+        The file to manage.
+
+    user
+        The user the master runs as (its ``user`` option): the file's owner.
+
+    CLI Example:
+
+    .. code-block:: yaml
+
+        multimaster-master-config-job-cache-managed:
+          multimaster.job_cache_config_managed:
+            - name: /etc/salt/master.d/multimaster-job-cache.conf
+            - user: salt
+    """
+    return _secret_config_managed(name, "job_cache", user)
+
+
+def job_cache_schema_present(name):
+    """
+    Ensure the job cache database holds the tables Salt's ``pgjsonb`` returner writes to and
+    the trigger that keeps a job's published load (target, arguments) from being replaced by a
+    return's, creating what is missing (idempotent; masters applying at once take turns on a
+    database lock). The connection comes from the pillar ``multimaster:job_cache`` at run time; the
+    return names the database as ``user@host:port/db``, never the password.
+
+    name
+        A label for the state (the database is the pillar's).
+
+    CLI Example:
+
+    .. code-block:: yaml
+
+        multimaster-master-config-job-cache-schema:
+          multimaster.job_cache_schema_present:
+            - name: job cache schema
+    """
+    ret = {"name": name, "result": True, "changes": {}, "comment": ""}
+    options = __salt__["multimaster.settings"](redact=False)["config"].get("job_cache")
+    if not options:
+        ret.update(result=False, comment="the job cache is not enabled in the pillar")
+        return ret
+    conn = multimaster_jobcache.connection(options)
+    where = multimaster_jobcache.describe(conn)
+    try:
+        missing = multimaster_jobcache.missing_schema(conn)
+        if missing and __opts__["test"]:
+            ret.update(
+                result=None,
+                changes={"schema": {"old": [], "new": missing}},
+                comment=f"{where}: would create {', '.join(missing)}",
+            )
+            return ret
+        if missing:
+            missing = multimaster_jobcache.ensure_schema(conn)
+    except multimaster_jobcache.JobCacheError as exc:
+        ret.update(result=False, comment=str(exc))
+        return ret
+    if missing:
+        ret.update(
+            changes={"schema": {"old": [], "new": missing}},
+            comment=f"{where}: created {', '.join(missing)}",
+        )
+    else:
+        ret["comment"] = f"{where}: the job cache schema is present"
     return ret

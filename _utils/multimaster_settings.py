@@ -13,6 +13,7 @@ import os
 import re
 
 import multimaster_ids
+import multimaster_jobcache
 import multimaster_keys
 import multimaster_saltlayout
 import multimaster_transport
@@ -24,7 +25,9 @@ IPC_MODES = ("ipc", "tcp")
 ROOT = "multimaster"
 _CONFIG_FILE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.conf\Z")
 # Pillar keys whose values may be secret: never echoed in errors, masked in returns.
-_SECRET_KEY_RE = re.compile(r"(secret|passw|token|credential|private)", re.IGNORECASE)
+_SECRET_KEY_RE = re.compile(
+    r"(secret|passw|token|credential|private|(^|[.:_])pass\Z)", re.IGNORECASE
+)
 _SECRET_PATHS = ("master:config", "master:gitfs:remotes")
 _URL_USERINFO_RE = re.compile(r"(?<=://)[^/@\s]+@")
 MASK = "**********"
@@ -40,7 +43,10 @@ CLUSTER_SECRET_EXPECTED = (
 # '': localfs_key with an isolated filesystem (see cluster_config), else Salt's default.
 KEY_CACHE_DRIVERS = ("", "localfs_key", "mmap_key")
 WILDCARDS = ("0.0.0.0", "::", "")
-GITFS_INSTALLS = ("auto", "pkg", "pip")
+PYTHON_INSTALLS = ("auto", "pkg", "pip")
+# lookup:master:<part>_install/_pkg/_pip: how each Python dependency of the master installs.
+PYTHON_DEPS = {"gitfs": "pygit2 for gitfs", "job_cache": "psycopg2 for the job cache"}
+_DB_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
 _CLUSTER_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
 _SHA256_HEX_RE = re.compile(r"[0-9a-fA-F]{64}\Z")
 
@@ -178,24 +184,27 @@ def _validate_merged(settings):
         "cluster",
         "reactor",
         "sse",
+        "job_cache",
         "minion",
         "master",
         "lookup",
     ):
         _check_mapping(settings, key)
     _validate_sse(settings)
+    _validate_job_cache(settings)
     for key in REACTORS:
         _check_bool(settings["reactor"], key, "reactor")
     _check_mapping(settings["master"], "gitfs", "master")
     for key in ("master", "minion"):
         _check_mapping(settings["lookup"], key, "lookup")
-    gitfs_install = settings["lookup"]["master"].get("gitfs_install")
-    if gitfs_install not in GITFS_INSTALLS:
-        _fail(
-            "lookup:master:gitfs_install",
-            gitfs_install,
-            "one of " + ", ".join(map(repr, GITFS_INSTALLS)) + " (how pygit2 for gitfs installs)",
-        )
+    for part, what in PYTHON_DEPS.items():
+        method = settings["lookup"]["master"].get(f"{part}_install")
+        if method not in PYTHON_INSTALLS:
+            _fail(
+                f"lookup:master:{part}_install",
+                method,
+                "one of " + ", ".join(map(repr, PYTHON_INSTALLS)) + f" (how {what} installs)",
+            )
     config_file = settings["lookup"].get("config_file")
     if not isinstance(config_file, str) or not _CONFIG_FILE_RE.match(config_file):
         _fail(
@@ -279,6 +288,45 @@ def _validate_sse(settings):
             "the name the SSE server knows this set of masters by (letters, digits, '_', '.', "
             "'-'; at most 64)",
         )
+
+
+def _validate_job_cache(settings):
+    job_cache = settings["job_cache"]
+    _check_bool(job_cache, "enabled", "job_cache")
+    if not job_cache["enabled"]:
+        return
+    if job_cache.get("returner") not in multimaster_jobcache.RETURNERS:
+        _fail(
+            "job_cache:returner",
+            job_cache.get("returner"),
+            "one of " + ", ".join(map(repr, multimaster_jobcache.RETURNERS)),
+        )
+    host = job_cache.get("host")
+    if not isinstance(host, str) or not host or any(c.isspace() for c in host):
+        _fail("job_cache:host", host, "the PostgreSQL server's hostname or IP address")
+    _check_port(job_cache.get("port"), "job_cache:port")
+    for key in ("db", "user"):
+        if not isinstance(job_cache.get(key), str) or not _DB_NAME_RE.match(job_cache[key]):
+            _fail(
+                f"job_cache:{key}",
+                job_cache.get(key),
+                "a PostgreSQL name (letters, digits, _; at most 63)",
+            )
+    password = job_cache.get("password")
+    if not isinstance(password, str) or not password:
+        _fail(
+            "job_cache:password",
+            password,
+            "the database user's password, from pillar targeted at the masters only",
+        )
+    _check_int(job_cache, "connect_timeout", "job_cache", minimum=1)
+    if job_cache.get("sslmode") not in multimaster_jobcache.SSL_MODES:
+        _fail(
+            "job_cache:sslmode",
+            job_cache.get("sslmode"),
+            "'' or one of libpq's sslmode values: " + ", ".join(multimaster_jobcache.SSL_MODES[1:]),
+        )
+    _check_bool(job_cache, "create_schema", "job_cache")
 
 
 def _validate_cluster(settings):
@@ -509,19 +557,54 @@ def pull_acl(settings):
     return {f"^({ids})$": [f"^{re.escape(multimaster_transport.PULL)}$"]}
 
 
-def gitfs_install(settings, salt_install):
+def python_install(settings, part, salt_install):
     """
-    How ``multimaster.master`` installs pygit2 for gitfs: ``pkg`` (``lookup:master:gitfs_pkg``)
-    or ``pip`` (``lookup:master:gitfs_pip`` with Salt's own pip). ``auto`` picks ``pkg`` only for
-    a distro-packaged Salt on the system Python: onedir Salt never sees the system's packages.
+    How ``multimaster.master`` installs the Python dependency ``part`` (a key of
+    ``PYTHON_DEPS``): ``pkg`` (``lookup:master:<part>_pkg``) or ``pip``
+    (``lookup:master:<part>_pip`` with Salt's own pip). ``auto`` picks ``pkg`` only for a
+    distro-packaged Salt on the system Python: onedir Salt never sees the system's packages.
 
     salt_install
         ``multimaster_saltlayout.salt_install()`` of this host.
     """
-    method = settings["lookup"]["master"]["gitfs_install"]
+    method = settings["lookup"]["master"][f"{part}_install"]
     if method == "auto":
         return "pkg" if salt_install == "package" else "pip"
     return method
+
+
+def python_deps(settings, salt_install):
+    """
+    The Python packages this pillar needs on a master, each as ``{"part", "method", "name"}``:
+    pygit2 when gitfs has remotes, psycopg2 when the job cache is on.
+
+    salt_install
+        ``multimaster_saltlayout.salt_install()`` of this host.
+    """
+    wanted = {
+        "gitfs": bool(settings["master"]["gitfs"]["remotes"]),
+        "job_cache": settings["job_cache"]["enabled"],
+    }
+    deps = []
+    for part in PYTHON_DEPS:
+        if wanted[part]:
+            method = python_install(settings, part, salt_install)
+            name = settings["lookup"]["master"][f"{part}_{method}"]
+            deps.append({"part": part.replace("_", "-"), "method": method, "name": name})
+    return deps
+
+
+def job_cache_config(settings):
+    """
+    The ``master.d`` options of the shared job cache (None when it is off), its password among
+    them: written to a 0600 file of their own, like the cluster secret.
+
+    settings
+        The merged ``multimaster`` settings.
+    """
+    if not settings["job_cache"]["enabled"]:
+        return None
+    return multimaster_jobcache.master_options(settings["job_cache"])
 
 
 def reactor_config(reactor):

@@ -17,16 +17,20 @@ import bisect
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 import time
 from contextlib import contextmanager
 
+import multimaster_jobcache
 import salt.utils.jid
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from salt.exceptions import CommandExecutionError
+
+log = logging.getLogger(__name__)
 
 # The runner function a recipient calls on the sending master (``peer_run`` allows only it).
 PULL = "multimaster_transfer.pull"
@@ -213,9 +217,9 @@ def _chunk(meta, data_path, offset):
 
 def forget_jobs(opts, jids):
     """
-    Remove the given runner jobs from the master's own job cache (``local_cache``): the pull
-    jobs that carried chunks are transport, not history. Another job cache keeps them until
-    ``keep_jobs``.
+    Remove the given runner jobs from the master's job cache, its own ``local_cache`` or the
+    database all masters share (``multimaster:job_cache``): the pull jobs that carried chunks
+    are transport, not history. Another job cache keeps them until ``keep_jobs``.
 
     opts
         The sending master's opts.
@@ -223,17 +227,25 @@ def forget_jobs(opts, jids):
     jids
         The job ids of earlier pulls of one transfer.
     """
-    if not opts.get("job_cache", True) or opts.get("master_job_cache", "local_cache") != (
-        "local_cache"
-    ):
+    jids = [jid for jid in jids if salt.utils.jid.is_jid(str(jid))]
+    if not jids or not opts.get("job_cache", True):
+        return
+    shared = multimaster_jobcache.connection(opts)
+    if shared is not None:
+        try:
+            multimaster_jobcache.forget_jobs(shared, jids)
+        except multimaster_jobcache.JobCacheError as exc:
+            # The chunks are ciphertext: left in the database, they go with keep_jobs.
+            log.warning("multimaster: pull jobs stay in the job cache: %s", exc)
+        return
+    if opts.get("master_job_cache", "local_cache") != "local_cache":
         return
     jobs = os.path.join(opts["cachedir"], "jobs")
     for jid in jids:
-        if salt.utils.jid.is_jid(str(jid)):
-            shutil.rmtree(
-                salt.utils.jid.jid_dir(jid, jobs, opts.get("hash_type", "sha256")),
-                ignore_errors=True,
-            )
+        shutil.rmtree(
+            salt.utils.jid.jid_dir(jid, jobs, opts.get("hash_type", "sha256")),
+            ignore_errors=True,
+        )
 
 
 def serve(opts, requester, ticket, offset, jid=None):

@@ -18,6 +18,7 @@ multimaster-cluster-config-mode-not-cluster:
 multimaster-cluster-config-file-managed:
   multimaster.cluster_config_managed:
     - name: {{ master.config_dir }}/master.d/{{ mapdata.lookup.cluster_config_file }}
+    - user: {{ master.user }}
 {%- else %}
 
 multimaster-cluster-config-not-a-control-minion:

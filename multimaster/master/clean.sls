@@ -14,6 +14,11 @@ multimaster-master-clean-config-file-absent:
 multimaster-master-clean-cluster-config-file-absent:
   file.absent:
     - name: {{ master.config_dir }}/master.d/{{ mapdata.lookup.cluster_config_file }}
+
+{#- Whatever the pillar says now: a cleaned master keeps no database password. #}
+multimaster-master-clean-job-cache-config-file-absent:
+  file.absent:
+    - name: {{ master.config_dir }}/master.d/{{ mapdata.lookup.job_cache_config_file }}
 {%-   if mapdata.manage_services %}
 
 multimaster-master-clean-master-restarted:
@@ -22,6 +27,7 @@ multimaster-master-clean-master-restarted:
     - onchanges:
       - file: multimaster-master-clean-config-file-absent
       - file: multimaster-master-clean-cluster-config-file-absent
+      - file: multimaster-master-clean-job-cache-config-file-absent
 {%-   endif %}
 {%- else %}
 

@@ -21,6 +21,23 @@ multimaster-master-config-file-managed:
     {#- master:config and gitfs remotes may hold secrets: no diff in the job return. #}
     - show_changes: false
 
+{%-   if mapdata.job_cache.enabled %}
+
+{#- The database password lives in this 0600 file only (computed at run time, no diff). #}
+multimaster-master-config-job-cache-managed:
+  multimaster.job_cache_config_managed:
+    - name: {{ master.config_dir }}/master.d/{{ mapdata.lookup.job_cache_config_file }}
+    - user: {{ master.user }}
+{%-     if mapdata.job_cache.create_schema %}
+
+multimaster-master-config-job-cache-schema-present:
+  multimaster.job_cache_schema_present:
+    - name: {{ mapdata.job_cache.user }}@{{ mapdata.job_cache.host }}:{{ mapdata.job_cache.port }}/{{ mapdata.job_cache.db }}
+    - require:
+      - multimaster: multimaster-master-config-job-cache-managed
+{%-     endif %}
+{%-   endif %}
+
 multimaster-master-config-key-files-secure:
   multimaster.master_key_files_secure:
     - pki_dir: {{ master.pki_dir }}

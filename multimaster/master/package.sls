@@ -8,18 +8,15 @@
 multimaster-master-package-install-pkg-installed:
   pkg.installed:
     - name: {{ mapdata.lookup.master.pkg }}
-{%-   if mapdata.master.gitfs.remotes and mapdata.local.gitfs_install == "pkg" %}
+{#- Python dependencies (pygit2 for gitfs, psycopg2 for the job cache), each the way this
+    Salt sees it: the execution module decides. No bin_env: Salt's pip module uses salt-pip on
+    onedir, else the Python running Salt. #}
+{%-   for dep in mapdata.local.python_deps %}
 
-multimaster-master-package-install-gitfs-pkg-installed:
-  pkg.installed:
-    - name: {{ mapdata.lookup.master.gitfs_pkg }}
-{%-   elif mapdata.master.gitfs.remotes %}
-
-{#- No bin_env: Salt's pip module uses salt-pip on onedir, else the Python running Salt. #}
-multimaster-master-package-install-gitfs-pip-installed:
-  pip.installed:
-    - name: {{ mapdata.lookup.master.gitfs_pip }}
-{%-   endif %}
+multimaster-master-package-install-{{ dep.part }}-{{ dep.method }}-installed:
+  {{ dep.method }}.installed:
+    - name: {{ dep.name }}
+{%-   endfor %}
 {%- else %}
 
 multimaster-master-package-install-skipped:

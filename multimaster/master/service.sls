@@ -26,6 +26,9 @@ multimaster-master-service-running-master-restarted:
 {%-   if mapdata.mode == "cluster" %}
       - multimaster: multimaster-cluster-config-file-managed
 {%-   endif %}
+{%-   if mapdata.job_cache.enabled %}
+      - multimaster: multimaster-master-config-job-cache-managed
+{%-   endif %}
 {%- else %}
 
 multimaster-master-service-unmanaged:

@@ -74,6 +74,9 @@ CLUSTER_MASTERS = [
 ]
 
 
+JOB_CACHE = {"enabled": True, "host": "db.example.com", "password": "pw-marker-0d9e3b"}
+
+
 def pillar(**extra):
     data = {"masters": [dict(m) for m in MASTERS]}
     data.update(extra)
@@ -119,6 +122,7 @@ VARIANTS = {
         ),
     ),
     "unmanaged": ("master2", pillar(install_packages=False, manage_services=False)),
+    "job-cache": ("master2", pillar(job_cache=JOB_CACHE)),
 }
 
 
@@ -359,6 +363,46 @@ def gitfs_dependency(results):
     fun, kwargs = args(body)
     kwargs.pop("order", None)
     return fun, kwargs
+
+
+def test_job_cache_outputs(rendered):
+    """
+    With the job cache on, a master gets psycopg2 (Salt's own pip here), its 0600 job cache
+    file and the schema check, and restarts when that file changes. The password is no state
+    argument: it appears nowhere in the rendered states (they are cached on the minion).
+    """
+    env, results = rendered("job-cache")
+    master_states = states(results["multimaster.master"])
+    fun, kwargs = args(master_states["multimaster-master-config-job-cache-managed"])
+    assert fun == "multimaster.job_cache_config_managed"
+    assert kwargs["name"] == str(env.conf_dir / "master.d" / "multimaster-job-cache.conf")
+    fun, kwargs = args(master_states["multimaster-master-config-job-cache-schema-present"])
+    assert (fun, kwargs["name"]) == (
+        "multimaster.job_cache_schema_present",
+        "salt@db.example.com:5432/salt",
+    )
+    fun, kwargs = args(master_states["multimaster-master-package-install-job-cache-pip-installed"])
+    assert (fun, kwargs["name"]) == ("pip.installed", "psycopg2-binary")
+    _, restart = args(master_states["multimaster-master-service-running-master-restarted"])
+    assert {"multimaster": "multimaster-master-config-job-cache-managed"} in restart["onchanges"]
+    assert "master_job_cache" not in master_dataset(env, results)
+    assert JOB_CACHE["password"] not in str(results)
+    clean = states(results["multimaster.master.clean"])
+    assert "multimaster-master-clean-job-cache-config-file-absent" in clean
+
+
+def test_no_job_cache_states_unless_asked(rendered):
+    _, results = rendered("hot")
+    assert not [sid for sid in states(results["multimaster.master"]) if "job-cache" in sid]
+
+
+def test_job_cache_with_a_distro_packaged_salt_installs_the_package(salt_env):
+    data = pillar(job_cache=JOB_CACHE, lookup={"master": {"job_cache_install": "pkg"}})
+    master_states = states(
+        salt_env("master2", data).render(["multimaster.master"])["multimaster.master"]
+    )
+    fun, kwargs = args(master_states["multimaster-master-package-install-job-cache-pkg-installed"])
+    assert (fun, kwargs["name"]) == ("pkg.installed", "python3-psycopg2")
 
 
 def test_gitfs_with_a_distro_packaged_salt_installs_the_package(salt_env):

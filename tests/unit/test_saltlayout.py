@@ -113,7 +113,9 @@ def test_no_key_cache_option_is_rendered_for_a_salt_without_one(monkeypatch):
         (False, "/srv/venv/lib/python3.11/site-packages/salt", "pip", "pip"),
     ],
 )
-def test_gitfs_goes_where_the_masters_python_sees_it(monkeypatch, relenv, salt_dir, install, gitfs):
+def test_python_deps_go_where_the_masters_python_sees_it(
+    monkeypatch, relenv, salt_dir, install, gitfs
+):
     if relenv:
         monkeypatch.setattr(sys, "RELENV", "/opt/saltstack/salt", raising=False)
     else:
@@ -121,7 +123,8 @@ def test_gitfs_goes_where_the_masters_python_sees_it(monkeypatch, relenv, salt_d
     monkeypatch.setattr(layout.os.path, "realpath", lambda path: path)
     monkeypatch.setattr(layout.salt, "__file__", f"{salt_dir}/__init__.py")
     assert layout.salt_install() == install
-    settings = {"lookup": {"master": {"gitfs_install": "auto"}}}
-    assert multimaster_settings.gitfs_install(settings, install) == gitfs
-    settings["lookup"]["master"]["gitfs_install"] = "pkg"
-    assert multimaster_settings.gitfs_install(settings, install) == "pkg"
+    for part in multimaster_settings.PYTHON_DEPS:
+        settings = {"lookup": {"master": {f"{part}_install": "auto"}}}
+        assert multimaster_settings.python_install(settings, part, install) == gitfs
+        settings["lookup"]["master"][f"{part}_install"] = "pkg"
+        assert multimaster_settings.python_install(settings, part, install) == "pkg"

@@ -27,6 +27,8 @@ def pillar(**overrides):
     return data
 
 
+JOB_CACHE = {"enabled": True, "host": "db.example.com", "password": "pw-marker-1f2e"}
+
 CM1 = {"id": "10.0.3.61", "host": "10.0.3.61"}
 CM2 = {"id": "10.0.3.230", "host": "10.0.3.230"}
 
@@ -499,6 +501,60 @@ CASES = {
         "lookup:master:gitfs_install",
         js("apt"),
         "one of 'auto', 'pkg', 'pip'",
+    ),
+    "job-cache-install-unknown": (
+        pillar(lookup={"master": {"job_cache_install": "yum"}}),
+        "lookup:master:job_cache_install",
+        js("yum"),
+        "one of 'auto', 'pkg', 'pip' (how psycopg2 for the job cache installs)",
+    ),
+    "job-cache-enabled-not-a-bool": (
+        pillar(job_cache={"enabled": "yes"}),
+        "job_cache:enabled",
+        js("yes"),
+        "true or false",
+    ),
+    "job-cache-returner-unknown": (
+        pillar(job_cache=dict(JOB_CACHE, returner="redis")),
+        "job_cache:returner",
+        js("redis"),
+        "one of 'pgjsonb'",
+    ),
+    "job-cache-without-host": (
+        pillar(job_cache=dict(JOB_CACHE, host="")),
+        "job_cache:host",
+        js(""),
+        "the PostgreSQL server's hostname or IP address",
+    ),
+    "job-cache-port-out-of-range": (
+        pillar(job_cache=dict(JOB_CACHE, port=70000)),
+        "job_cache:port",
+        "70000",
+        "an integer port between 1 and 65535",
+    ),
+    "job-cache-db-injection": (
+        pillar(job_cache=dict(JOB_CACHE, db="salt; DROP TABLE jids")),
+        "job_cache:db",
+        js("salt; DROP TABLE jids"),
+        "a PostgreSQL name",
+    ),
+    "job-cache-without-password": (
+        pillar(job_cache=dict(JOB_CACHE, password="")),
+        "job_cache:password",
+        multimaster_settings.MASK,
+        "the database user's password, from pillar targeted at the masters only",
+    ),
+    "job-cache-timeout-zero": (
+        pillar(job_cache=dict(JOB_CACHE, connect_timeout=0)),
+        "job_cache:connect_timeout",
+        "0",
+        "an integer >= 1",
+    ),
+    "job-cache-sslmode-unknown": (
+        pillar(job_cache=dict(JOB_CACHE, sslmode="on")),
+        "job_cache:sslmode",
+        js("on"),
+        "one of libpq's sslmode values: disable, allow, prefer, require, verify-ca, verify-full",
     ),
     "config-file-with-path": (
         pillar(lookup={"config_file": "../../minion"}),

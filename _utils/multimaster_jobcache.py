@@ -1,0 +1,202 @@
+"""
+One job cache for every master: Salt's ``pgjsonb`` returner as ``master_job_cache``, so every
+master writes job loads and returns to one PostgreSQL database and ``salt-run jobs.lookup_jid``
+on any master finds a job another master published.
+
+Pure helpers shared by the execution module, the states and the peer: the master options that
+select it, the schema ``pgjsonb`` expects plus a guard against a Salt defect (created when
+missing, under an advisory lock so that masters applying at once do not race) and a health
+check. The connection password is read from
+options, handed to the driver, and never returned, logged or put in an error.
+"""
+
+import contextlib
+
+RETURNERS = ("pgjsonb",)
+SSL_MODES = ("", "disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+# What pgjsonb reads under returner.pgjsonb.* (its own defaults where unset).
+_DEFAULTS = {"host": "localhost", "port": 5432, "db": "salt", "user": "salt", "pass": "salt"}
+_OPTIONAL = ("connect_timeout", "sslmode")
+TABLES = ("jids", "salt_returns", "salt_events")
+# Salt stores every return's load with the returner's save_load (only local_cache is spared),
+# and pgjsonb's upsert then replaces the publish's load (target, arguments) with the return's:
+# jobs.list_jobs would show "unknown-target" and no arguments for every job. This trigger keeps
+# a load that names its target from being replaced by one that does not.
+GUARD = "multimaster_keep_publish_load"
+# pgjsonb's documented schema, each statement idempotent, and the guard.
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS jids (jid varchar(255) NOT NULL PRIMARY KEY, load jsonb NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS idx_jids_jsonb ON jids USING gin (load) WITH (fastupdate=on)",
+    "CREATE TABLE IF NOT EXISTS salt_returns (fun varchar(50) NOT NULL, jid varchar(255) NOT NULL,"
+    " return jsonb NOT NULL, id varchar(255) NOT NULL, success varchar(10) NOT NULL,"
+    " full_ret jsonb NOT NULL, alter_time TIMESTAMP WITH TIME ZONE DEFAULT NOW())",
+    "CREATE INDEX IF NOT EXISTS idx_salt_returns_id ON salt_returns (id)",
+    "CREATE INDEX IF NOT EXISTS idx_salt_returns_jid ON salt_returns (jid)",
+    "CREATE INDEX IF NOT EXISTS idx_salt_returns_fun ON salt_returns (fun)",
+    "CREATE INDEX IF NOT EXISTS idx_salt_returns_return ON salt_returns"
+    " USING gin (return) WITH (fastupdate=on)",
+    "CREATE INDEX IF NOT EXISTS idx_salt_returns_full_ret ON salt_returns"
+    " USING gin (full_ret) WITH (fastupdate=on)",
+    "CREATE SEQUENCE IF NOT EXISTS seq_salt_events_id",
+    "CREATE TABLE IF NOT EXISTS salt_events (id BIGINT NOT NULL UNIQUE"
+    " DEFAULT nextval('seq_salt_events_id'), tag varchar(255) NOT NULL, data jsonb NOT NULL,"
+    " alter_time TIMESTAMP WITH TIME ZONE DEFAULT NOW(), master_id varchar(255) NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS idx_salt_events_tag ON salt_events (tag)",
+    "CREATE INDEX IF NOT EXISTS idx_salt_events_data ON salt_events"
+    " USING gin (data) WITH (fastupdate=on)",
+    f"CREATE OR REPLACE FUNCTION {GUARD}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+    " IF OLD.load ? 'tgt' AND NOT NEW.load ? 'tgt' THEN RETURN NULL; END IF;"
+    " RETURN NEW; END $$",
+    f"DROP TRIGGER IF EXISTS {GUARD} ON jids",
+    f"CREATE TRIGGER {GUARD} BEFORE UPDATE ON jids FOR EACH ROW EXECUTE PROCEDURE {GUARD}()",
+)
+# pg_advisory_xact_lock key: masters creating the schema at once take turns.
+_SCHEMA_LOCK = 0x6D6D6A63
+MASK = "**********"
+
+
+class JobCacheError(Exception):
+    """
+    The job cache database cannot be reached or prepared; the message holds no password.
+    """
+
+
+def master_options(job_cache):
+    """
+    The master options that make ``job_cache`` (the pillar's ``multimaster:job_cache``, checked)
+    the master job cache: ``master_job_cache`` and the returner's connection settings, the
+    password among them (they go to a 0600 ``master.d`` file of their own).
+    """
+    returner = job_cache["returner"]
+    connect = {
+        "host": job_cache["host"],
+        "port": job_cache["port"],
+        "db": job_cache["db"],
+        "user": job_cache["user"],
+        "pass": job_cache["password"],
+        "connect_timeout": job_cache["connect_timeout"],
+    }
+    if job_cache["sslmode"]:
+        connect["sslmode"] = job_cache["sslmode"]
+    options = {"master_job_cache": returner}
+    options.update({f"returner.{returner}.{key}": value for key, value in connect.items()})
+    return options
+
+
+def connection(opts):
+    """
+    The connection settings ``opts`` (a master's options) give the job cache, or None when its
+    ``master_job_cache`` is not a database this module knows (Salt's ``local_cache``, say).
+    """
+    returner = opts.get("master_job_cache")
+    if returner not in RETURNERS:
+        return None
+    prefix = f"returner.{returner}."
+    conn = {key: opts.get(prefix + key, default) for key, default in _DEFAULTS.items()}
+    conn.update({key: opts[prefix + key] for key in _OPTIONAL if opts.get(prefix + key)})
+    conn["returner"] = returner
+    return conn
+
+
+def describe(conn):
+    """
+    ``user@host:port/db`` of ``conn`` (from ``connection``): what reports show, no password.
+    """
+    return f"{conn['user']}@{conn['host']}:{conn['port']}/{conn['db']}"
+
+
+def _scrub(text, conn):
+    return text.replace(conn["pass"], MASK) if conn["pass"] else text
+
+
+@contextlib.contextmanager
+def _cursor(conn):
+    try:
+        import psycopg2  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        raise JobCacheError(
+            "psycopg2 is not installed in the Python that runs Salt "
+            "(multimaster.master installs it with the job cache on)"
+        ) from None
+    kwargs = {
+        "host": conn["host"],
+        "port": int(conn["port"]),
+        "dbname": conn["db"],
+        "user": conn["user"],
+        "password": conn["pass"],
+    }
+    kwargs.update({key: conn[key] for key in _OPTIONAL if key in conn})
+    try:
+        db = psycopg2.connect(**kwargs)
+    except psycopg2.Error as exc:
+        raise JobCacheError(f"{describe(conn)}: {_scrub(str(exc).strip(), conn)}") from None
+    try:
+        with db, db.cursor() as cur:
+            yield cur
+    except psycopg2.Error as exc:
+        raise JobCacheError(f"{describe(conn)}: {_scrub(str(exc).strip(), conn)}") from None
+    finally:
+        db.close()
+
+
+def _missing(cur):
+    cur.execute("SELECT " + ", ".join(["to_regclass(%s)"] * len(TABLES)), TABLES)
+    found = cur.fetchone()
+    missing = [table for table, oid in zip(TABLES, found, strict=True) if oid is None]
+    cur.execute("SELECT count(*) FROM pg_trigger WHERE tgname = %s", (GUARD,))
+    if not cur.fetchone()[0]:
+        missing.append(f"trigger {GUARD}")
+    return missing
+
+
+def missing_schema(conn):
+    """
+    What of the schema (the ``pgjsonb`` tables, the guard trigger) the database of ``conn``
+    lacks. Raises ``JobCacheError``.
+    """
+    with _cursor(conn) as cur:
+        return _missing(cur)
+
+
+def ensure_schema(conn):
+    """
+    Create what of the schema the database of ``conn`` lacks, in one transaction under an
+    advisory lock; returns what it created. Raises ``JobCacheError``.
+    """
+    with _cursor(conn) as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+        missing = _missing(cur)
+        if missing:
+            for statement in SCHEMA:
+                cur.execute(statement)
+        return missing
+
+
+def forget_jobs(conn, jids):
+    """
+    Delete the jobs ``jids`` (loads and returns) from the database of ``conn``: what the
+    transport's pull jobs carried is plumbing, not history. Raises ``JobCacheError``.
+    """
+    with _cursor(conn) as cur:
+        cur.execute("DELETE FROM salt_returns WHERE jid = ANY(%s)", (list(jids),))
+        cur.execute("DELETE FROM jids WHERE jid = ANY(%s)", (list(jids),))
+
+
+def check(opts):
+    """
+    The job cache of the master with options ``opts``: which returner, and for a shared database
+    whether it answers and holds the schema (``missing`` lists what it lacks). Never raises;
+    holds no password.
+    """
+    conn = connection(opts)
+    if conn is None:
+        return {"returner": opts.get("master_job_cache") or "local_cache", "shared": False}
+    report = {"returner": conn["returner"], "shared": True, "database": describe(conn)}
+    try:
+        missing = missing_schema(conn)
+    except JobCacheError as exc:
+        return dict(report, reachable=False, error=str(exc))
+    report["reachable"] = True
+    if missing:
+        report["missing"] = missing
+    return report

@@ -1,0 +1,233 @@
+"""
+One job cache for all masters (``multimaster:job_cache``): ``multimaster.master`` makes Salt's
+``pgjsonb`` returner every master's ``master_job_cache`` on a real PostgreSQL server, so a job
+published on master1 is found by ``salt-run jobs.lookup_jid`` on master2. With the database
+stopped, publishing still works, the master logs the failure and ``multimaster.status`` reports
+it. The database password is only in the masters' 0600 files.
+"""
+
+import json
+import pathlib
+import secrets
+import stat
+
+import pytest
+
+from tests.support import postgres
+
+from .harness import (
+    MASTER_HOSTS,
+    REPO_ROOT,
+    START_TIMEOUT,
+    Ports,
+    changed_states,
+    formula_master_options,
+    master_entry,
+    multimaster_pillar,
+    wait_for,
+    wait_for_ping,
+)
+
+pytestmark = pytest.mark.integration
+
+PREFIX = "jc"
+PORTS = Ports(publish=30190, ret=30191)
+DB_HOST, DB_PORT = "127.0.0.9", 30192
+PASSWORD = f"jc-password-{secrets.token_hex(8)}"
+MINION = "jc-minion"
+CONFIG_FILE = "multimaster-job-cache.conf"
+
+
+@pytest.fixture(scope="module")
+def database():
+    with postgres.database(DB_HOST, DB_PORT, "salt", "salt", PASSWORD) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def job_cache_pillar(master1, master2_factory, ports, pillar_tree, database):
+    return multimaster_pillar(
+        [master_entry(master1, MASTER_HOSTS[0]), master_entry(master2_factory, MASTER_HOSTS[1])],
+        ports,
+        manage_services=False,
+        master=formula_master_options(REPO_ROOT, pillar_tree.root),
+        job_cache={
+            "enabled": True,
+            "host": DB_HOST,
+            "port": DB_PORT,
+            "password": PASSWORD,
+            "connect_timeout": 2,
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def control_minions(master1, master2_factory, start_minion, pillar_tree, job_cache_pillar):
+    """
+    Both masters' control minions, connected to master1, their keys on master2 too.
+    """
+    ids = [master1.id, master2_factory.id]
+    for minion_id in ids:
+        pillar_tree.set(minion_id, job_cache_pillar)
+        start_minion(master1, minion_id, share_with=[master2_factory])
+    ret = master1.salt_cli(timeout=180).run("-L", "saltutil.sync_all", minion_tgt=",".join(ids))
+    assert ret.returncode == 0, ret
+    return ids
+
+
+@pytest.fixture(scope="module")
+def applied(master1, control_minions):
+    """
+    ``multimaster.master`` on both control minions (the job cache file, psycopg2 already in this
+    venv, the schema), then master1 restarted on it, as ``manage_services`` would, and the
+    formula's runners synced to it.
+    """
+    ret = master1.salt_cli(timeout=180).run(
+        "-L", "state.apply", "multimaster.master", minion_tgt=",".join(control_minions)
+    )
+    assert ret.returncode == 0, ret
+    for minion_id in control_minions:
+        failed = [sid for sid, st in ret.data[minion_id].items() if st["result"] is not True]
+        assert not failed, ret
+    master1.terminate()
+    master1.start(start_timeout=START_TIMEOUT)
+    # The runners (multimaster.status) on master1, as a user syncs them.
+    synced = master1.salt_run_cli(timeout=120).run("saltutil.sync_all")
+    assert synced.returncode == 0, synced
+    for minion_id in control_minions:
+        wait_for_ping(master1.salt_cli(), minion_id, timeout=90)
+    return ret
+
+
+@pytest.fixture(scope="module")
+def master2(master2_factory, applied):
+    with master2_factory.started(start_timeout=START_TIMEOUT):
+        yield master2_factory
+
+
+@pytest.fixture(scope="module")
+def minion(master1, master2, start_minion):
+    """
+    A minion of master1 only: master2 can know its jobs only from the shared database.
+    """
+    factory = start_minion(master1, MINION, share_with=[master2])
+    wait_for_ping(master1.salt_cli(), MINION, timeout=60)
+    return factory
+
+
+def test_every_master_gets_a_0600_job_cache_file_and_the_schema(
+    applied, master1, master2_factory, database
+):
+    for master in (master1, master2_factory):
+        path = pathlib.Path(master.config_dir) / "master.d" / CONFIG_FILE
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert "master_job_cache: pgjsonb" in path.read_text()
+    tables = database.sql("SELECT tablename FROM pg_tables WHERE schemaname = 'public'", db="salt")
+    assert set(tables.split()) == {"jids", "salt_returns", "salt_events"}
+    assert PASSWORD not in applied.stdout + applied.stderr
+
+
+def test_a_job_published_on_master1_is_looked_up_on_master2(master1, master2, minion):
+    token = f"echo-{secrets.token_hex(4)}"
+    ret = master1.salt_cli(timeout=60).run("test.echo", token, minion_tgt=MINION)
+    assert ret.returncode == 0 and ret.data == token, ret
+    # master2 never saw this job: it lists it and its return from the shared database.
+    run = master2.salt_run_cli(timeout=60)
+    jobs = run.run("jobs.list_jobs", "search_function=test.echo")
+    assert jobs.returncode == 0, jobs
+    matching = [jid for jid, job in jobs.data.items() if job["Arguments"] == [token]]
+    assert len(matching) == 1, jobs.data
+    (jid,) = matching
+    looked_up = run.run("jobs.lookup_jid", jid)
+    assert looked_up.returncode == 0 and looked_up.data == {MINION: token}, looked_up
+
+
+def test_a_second_apply_changes_nothing_and_leaves_no_password_in_the_job_cache(
+    master1, master2, minion, control_minions, database
+):
+    """
+    The state returns now land in the shared database: neither they nor any other row holds the
+    password.
+    """
+    ret = master1.salt_cli(timeout=180).run(
+        "-L", "state.apply", "multimaster.master", minion_tgt=",".join(control_minions)
+    )
+    assert ret.returncode == 0, ret
+    for minion_id in control_minions:
+        assert changed_states(ret.data[minion_id]) == {}
+    rows = database.sql(
+        "SELECT count(*) FROM salt_returns WHERE fun = 'state.apply'", db="salt"
+    ).strip()
+    assert int(rows) == len(control_minions)
+    leaked = database.sql(
+        f"SELECT (SELECT count(*) FROM jids WHERE load::text LIKE '%{PASSWORD}%')"
+        f" + (SELECT count(*) FROM salt_returns WHERE full_ret::text LIKE '%{PASSWORD}%')",
+        db="salt",
+    )
+    assert int(leaked.strip()) == 0
+
+
+def status(master):
+    ret = master.salt_run_cli(timeout=180).run("multimaster.status")
+    report = ret.data
+    assert isinstance(report, dict), ret
+    return ret, report
+
+
+def test_status_shows_every_master_on_the_shared_database(master1, master2, minion):
+    _, report = status(master1)
+    assert report["job_cache_ok"] is True, report
+    for master in (master1.id, master2.id):
+        cache = report["job_cache"][master]
+        assert cache["reachable"] is True and cache["returner"] == "pgjsonb"
+        assert cache["database"] == f"salt@{DB_HOST}:{DB_PORT}/salt"
+
+
+def test_with_the_database_down_publishing_works_and_the_failure_is_reported(
+    master1, master2, minion, database
+):
+    log = pathlib.Path(master1.config["log_file"])
+    before = log.stat().st_size
+    database.stop()
+    try:
+        ret = master1.salt_cli(timeout=60).run("test.ping", minion_tgt=MINION)
+        assert ret.returncode == 0 and ret.data is True, ret
+
+        def reported():
+            with log.open("rb") as handle:
+                handle.seek(before)
+                written = handle.read().decode(errors="replace")
+            return "CRITICAL" in written and "pgjsonb: PostgreSQL unavailable" in written
+
+        wait_for(reported, timeout=30, what="the failure in master1's log")
+        ret, report = status(master1)
+        assert ret.returncode != 0
+        assert report["job_cache_ok"] is False
+        for master in (master1.id, master2.id):
+            cache = report["job_cache"][master]
+            assert cache["reachable"] is False and DB_HOST in cache["error"], cache
+    finally:
+        database.start()
+    _, report = status(master1)
+    assert report["job_cache_ok"] is True, report
+
+
+def test_the_password_is_only_in_the_masters_0600_files(
+    salt_factories, master1, master2, minion, control_minions
+):
+    """
+    Logs at debug, job caches, proc, minion caches: the password is nowhere but in the job
+    cache files, and in master1's minion data cache of the two control minions' pillar (Salt
+    keeps compiled pillar there; the README says to target the password at them only).
+    """
+    allowed = {pathlib.Path(m.config_dir) / "master.d" / CONFIG_FILE for m in (master1, master2)}
+    found = [
+        path
+        for path in pathlib.Path(salt_factories.root_dir).rglob("*")
+        if path.is_file() and not path.is_symlink() and PASSWORD.encode() in path.read_bytes()
+    ]
+    pillar_cache = [p for p in found if p not in allowed and "pillar" in p.parts]
+    leaks = [str(p) for p in found if p not in allowed and p not in pillar_cache]
+    assert not leaks, json.dumps(leaks)
+    assert allowed <= set(found)
+    assert {p.stem for p in pillar_cache} <= set(control_minions), pillar_cache

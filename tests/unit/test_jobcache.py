@@ -1,0 +1,125 @@
+"""
+The shared job cache: the master options it renders, the connection read back from a master's
+options, and a health check that never shows the password.
+"""
+
+import json
+import socket
+
+import multimaster_jobcache as jobcache
+import multimaster_settings
+import pytest
+
+PASSWORD = "pw-marker-7c41d9"
+SECTION = {
+    "masters": [{"id": "master1", "host": "10.0.3.61"}, {"id": "master2", "host": "10.0.3.230"}],
+    "job_cache": {"enabled": True, "host": "db.example.com", "password": PASSWORD},
+}
+
+
+@pytest.fixture
+def settings(defaults):
+    return multimaster_settings.build(SECTION, defaults)
+
+
+def test_master_options_select_pgjsonb_with_the_pillar_connection(settings):
+    assert multimaster_settings.job_cache_config(settings) == {
+        "master_job_cache": "pgjsonb",
+        "returner.pgjsonb.host": "db.example.com",
+        "returner.pgjsonb.port": 5432,
+        "returner.pgjsonb.db": "salt",
+        "returner.pgjsonb.user": "salt",
+        "returner.pgjsonb.pass": PASSWORD,
+        "returner.pgjsonb.connect_timeout": 5,
+    }
+    settings["job_cache"]["sslmode"] = "verify-full"
+    assert multimaster_settings.job_cache_config(settings)["returner.pgjsonb.sslmode"] == (
+        "verify-full"
+    )
+
+
+def test_nothing_is_rendered_while_the_job_cache_is_off(defaults):
+    settings = multimaster_settings.build({"masters": SECTION["masters"]}, defaults)
+    assert multimaster_settings.job_cache_config(settings) is None
+    assert "master_job_cache" not in multimaster_settings.master_config(
+        settings, settings["masters"][0]
+    )
+
+
+def test_the_connection_is_read_back_from_the_master_options(settings):
+    conn = jobcache.connection(multimaster_settings.job_cache_config(settings))
+    assert conn == {
+        "host": "db.example.com",
+        "port": 5432,
+        "db": "salt",
+        "user": "salt",
+        "pass": PASSWORD,
+        "connect_timeout": 5,
+        "returner": "pgjsonb",
+    }
+    assert jobcache.describe(conn) == "salt@db.example.com:5432/salt"
+
+
+def test_a_master_on_salts_local_cache_shares_nothing():
+    assert jobcache.connection({"master_job_cache": "local_cache"}) is None
+    assert jobcache.check({"master_job_cache": "local_cache"}) == {
+        "returner": "local_cache",
+        "shared": False,
+    }
+
+
+def test_the_password_is_masked_in_settings_returns(settings):
+    settings["config"] = {"job_cache": multimaster_settings.job_cache_config(settings)}
+    shown = multimaster_settings.redacted_settings(settings)
+    assert PASSWORD not in json.dumps(shown)
+    assert shown["job_cache"]["password"] == multimaster_settings.MASK
+    assert shown["config"]["job_cache"]["returner.pgjsonb.pass"] == multimaster_settings.MASK
+    assert shown["config"]["job_cache"]["returner.pgjsonb.host"] == "db.example.com"
+
+
+def closed_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_database_that_is_down_is_reported_without_the_password():
+    options = {
+        "master_job_cache": "pgjsonb",
+        "returner.pgjsonb.host": "127.0.0.1",
+        "returner.pgjsonb.port": closed_port(),
+        "returner.pgjsonb.pass": PASSWORD,
+        "returner.pgjsonb.connect_timeout": 2,
+    }
+    report = jobcache.check(options)
+    assert report["shared"] is True and report["reachable"] is False
+    assert report["database"].startswith("salt@127.0.0.1:")
+    assert "Connection refused" in report["error"] or "connect" in report["error"]
+    assert PASSWORD not in json.dumps(report)
+
+
+def test_an_error_that_quotes_the_password_is_scrubbed():
+    conn = {"user": "salt", "host": "h", "port": 5432, "db": "salt", "pass": PASSWORD}
+    assert jobcache._scrub(f"bad dsn password={PASSWORD}", conn) == (
+        f"bad dsn password={jobcache.MASK}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("install", "methods"),
+    [("onedir", ("pip", "pip")), ("pip", ("pip", "pip")), ("package", ("pkg", "pkg"))],
+)
+def test_python_deps_follow_how_salt_is_installed(defaults, install, methods):
+    section = dict(SECTION, master={"gitfs": {"remotes": ["https://git.example.com/f.git"]}})
+    settings = multimaster_settings.build(section, defaults)
+    deps = multimaster_settings.python_deps(settings, install)
+    names = {"pip": ("pygit2", "psycopg2-binary"), "pkg": ("python3-pygit2", "python3-psycopg2")}
+    assert deps == [
+        {"part": "gitfs", "method": methods[0], "name": names[methods[0]][0]},
+        {"part": "job-cache", "method": methods[1], "name": names[methods[1]][1]},
+    ]
+
+
+def test_no_python_deps_without_gitfs_or_job_cache(defaults):
+    settings = multimaster_settings.build({"masters": SECTION["masters"]}, defaults)
+    assert multimaster_settings.python_deps(settings, "onedir") == []
