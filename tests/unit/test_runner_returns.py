@@ -410,3 +410,89 @@ def test_wait_masters_refuses_a_skip_that_is_not_ids(runner, use):
     use({})
     ret = runner.wait_masters(timeout=0, interval=0, skip={"m2": 1})
     assert ret["retcode"] == 1 and "skip: got {'m2': 1}" in ret["comment"], ret
+
+
+@pytest.fixture
+def own_store(runner, monkeypatch, tmp_path):
+    """
+    The runner runs on master m1, whose store holds ``web`` accepted: ``(pem, bucket)``.
+    """
+    import multimaster_keys  # on sys.path once the runner is loaded
+
+    from .keyfactory import pub_pem, rsa_private
+
+    pki = tmp_path / "pki"
+    (pki / "minions").mkdir(parents=True)
+    pem = multimaster_keys.canonical(pub_pem(rsa_private(tag=41)))
+    (pki / "minions" / "web").write_text(pem)
+    monkeypatch.setitem(runner.__opts__, "id", "m1")
+    monkeypatch.setitem(runner.__opts__, "pki_dir", str(pki))
+    return pem, multimaster_keys.bucket_of("web")
+
+
+def recording_client(runner, monkeypatch, digests, entries):
+    """
+    The publish answers key_inventory with ``digests`` (no kwarg) or ``entries``; returns the
+    list of ``(targets, kwarg)`` it was called with.
+    """
+    calls = []
+
+    class Client:
+        def cmd(self, tgt, fun, kwarg=None, **_):
+            calls.append((sorted(tgt), kwarg))
+            answers = entries if kwarg else digests
+            return {m: {"ret": answers[m], "retcode": 0} for m in tgt}
+
+    monkeypatch.setattr(
+        runner.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(Client())
+    )
+    return calls
+
+
+M2_BINDING = dict(GOOD_DIGESTS["binding"], target="m2")
+
+
+def test_the_runners_own_master_is_read_here_not_returned_by_its_control_minion(
+    runner, monkeypatch, own_store
+):
+    """
+    On the master the runner runs on (its id is in the set), that master's keys come from its
+    own store in this process: only the other masters' control minions return entries (the
+    primary's 10,000-key return was megabytes through the job return path).
+    """
+    import multimaster_keys
+
+    pem, bucket = own_store
+    fp = multimaster_keys.fingerprint(pem)
+    digests = {
+        "cm1": dict(GOOD_DIGESTS, digest="1" * 64, buckets={bucket: "1" * 16}, count=1),
+        "cm2": dict(GOOD_DIGESTS, digest="2" * 64, buckets={bucket: "2" * 16}, binding=M2_BINDING),
+    }
+    entries = {"cm2": {"alive": True, "entries": {"web": ["pending", fp]}, "pubs": {}}}
+    entries["cm2"]["binding"] = M2_BINDING
+    calls = recording_client(runner, monkeypatch, digests, entries)
+    ret = runner.sync_keys(test=True)
+    assert calls == [(["cm1", "cm2"], {}), (["cm2"], {"buckets": [bucket], "with_pubs": True})]
+    assert ret["masters"]["m2"]["planned"] == [{"id": "web", "op": "accept", "fp": fp}]
+    assert ret["retcode"] == 0
+
+
+def test_a_master_without_keys_in_the_differing_buckets_is_not_asked(
+    runner, monkeypatch, own_store
+):
+    """
+    A new master (no key in any differing bucket) has no entries there: one digest round, and
+    the plan accepts the key on it.
+    """
+    import multimaster_keys
+
+    pem, bucket = own_store
+    digests = {
+        "cm1": dict(GOOD_DIGESTS, digest="1" * 64, buckets={bucket: "1" * 16}, count=1),
+        "cm2": dict(GOOD_DIGESTS, binding=M2_BINDING),
+    }
+    calls = recording_client(runner, monkeypatch, digests, {})
+    ret = runner.sync_keys(test=True)
+    assert calls == [(["cm1", "cm2"], {})]
+    fp = multimaster_keys.fingerprint(pem)
+    assert ret["masters"]["m2"]["planned"] == [{"id": "web", "op": "accept", "fp": fp}]
