@@ -16,6 +16,7 @@ import time
 
 import salt.config
 import salt.runner
+import salt.utils.dictupdate
 import salt.utils.files
 from salt.exceptions import CommandExecutionError
 
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 __virtualname__ = "multimaster"
 
-_DEFAULTS_URL = "salt://multimaster/parameters/defaults.yaml"
+_PARAMETERS_URL = "salt://multimaster/parameters"
 
 
 def __virtual__():
@@ -48,16 +49,34 @@ def __virtual__():
     return __virtualname__
 
 
+def _values(url, required):
+    """
+    The ``values`` of the parameters file at ``url`` on the file server ({} when an optional
+    one is missing).
+    """
+    import salt.utils.yaml
+
+    text = __salt__["cp.get_file_str"](url)
+    if not text:
+        if required:
+            raise CommandExecutionError(f"multimaster: cannot read {url}")
+        return {}
+    return (salt.utils.yaml.safe_load(text) or {}).get("values") or {}
+
+
 def _defaults(defaults):
+    """
+    ``defaults`` as given, else the formula's: ``parameters/defaults.yaml`` with
+    ``parameters/os_family/<os_family>.yaml`` of this minion merged over it (as template-formula
+    stacks them), read once per run.
+    """
     if defaults is not None:
         return defaults
     if "multimaster.defaults" not in __context__:
-        import salt.utils.yaml
-
-        text = __salt__["cp.get_file_str"](_DEFAULTS_URL)
-        if not text:
-            raise CommandExecutionError(f"multimaster: cannot read {_DEFAULTS_URL}")
-        __context__["multimaster.defaults"] = salt.utils.yaml.safe_load(text)["values"]
+        family = _values(f"{_PARAMETERS_URL}/os_family/{__grains__.get('os_family')}.yaml", False)
+        __context__["multimaster.defaults"] = salt.utils.dictupdate.update(
+            _values(f"{_PARAMETERS_URL}/defaults.yaml", True), family, recursive_update=True
+        )
     return __context__["multimaster.defaults"]
 
 

@@ -576,7 +576,8 @@ def python_install(settings, part, salt_install):
 def python_deps(settings, salt_install):
     """
     The Python packages this pillar needs on a master, each as ``{"part", "method", "name"}``:
-    pygit2 when gitfs has remotes, psycopg2 when the job cache is on.
+    pygit2 when gitfs has remotes, psycopg2 when the job cache is on. Raises ``SettingsError``
+    when a distro package is wanted and this os_family names none.
 
     salt_install
         ``multimaster_saltlayout.salt_install()`` of this host.
@@ -590,6 +591,13 @@ def python_deps(settings, salt_install):
         if wanted[part]:
             method = python_install(settings, part, salt_install)
             name = settings["lookup"]["master"][f"{part}_{method}"]
+            if not isinstance(name, str) or not name:
+                _fail(
+                    f"lookup:master:{part}_{method}",
+                    name,
+                    f"the name of the package of {PYTHON_DEPS[part]} (this os_family has none "
+                    "in parameters/os_family/: set it in pillar)",
+                )
             deps.append({"part": part.replace("_", "-"), "method": method, "name": name})
     return deps
 

@@ -45,7 +45,7 @@ class SaltEnv:
     environments (one ``extension_modules`` dir).
     """
 
-    def __init__(self, base, file_root, extmods, minion_id, pillar):
+    def __init__(self, base, file_root, extmods, minion_id, pillar, grains=None):
         self.base = base
         self.minion_id = minion_id
         self.extmods = extmods
@@ -80,6 +80,8 @@ class SaltEnv:
                 "sock_dir": str(base / "run" / "minion"),
                 "log_file": str(base / "minion.log"),
                 "user": user,
+                # Static grains (os_family ...) override what this machine reports.
+                "grains": grains or {},
             },
             self.conf_dir / "minion",
         )
@@ -146,14 +148,15 @@ def formula_root(tmp_path_factory):
 @pytest.fixture(scope="session")
 def salt_env(tmp_path_factory, formula_root):
     """
-    ``salt_env(minion_id, pillar)``: a new masterless minion with the formula's modules synced and
-    that pillar (a dict for ``multimaster:``, or the text of a pillar SLS).
+    ``salt_env(minion_id, pillar, grains=None)``: a new masterless minion with the formula's
+    modules synced, that pillar (a dict for ``multimaster:``, or the text of a pillar SLS) and
+    those static grains.
     """
     extmods = tmp_path_factory.mktemp("extmods")
 
-    def new(minion_id, pillar):
+    def new(minion_id, pillar, grains=None):
         base = tmp_path_factory.mktemp(f"env-{minion_id}")
-        return SaltEnv(base, formula_root, extmods, minion_id, pillar)
+        return SaltEnv(base, formula_root, extmods, minion_id, pillar, grains)
 
     # Constructing a Loaders syncs; start again from nothing so that this sync_all, as a user
     # would run it, is the one that installs the formula's modules.

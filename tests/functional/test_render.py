@@ -405,6 +405,24 @@ def test_job_cache_with_a_distro_packaged_salt_installs_the_package(salt_env):
     assert (fun, kwargs["name"]) == ("pkg.installed", "python3-psycopg2")
 
 
+@pytest.mark.parametrize("family", ["RedHat", "Suse"])
+def test_os_family_parameters_name_the_distro_package(salt_env, family):
+    data = pillar(job_cache=JOB_CACHE, lookup={"master": {"job_cache_install": "pkg"}})
+    env = salt_env("master2", data, grains={"os_family": family})
+    master_states = states(env.render(["multimaster.master"])["multimaster.master"])
+    fun, kwargs = args(master_states["multimaster-master-package-install-job-cache-pkg-installed"])
+    assert (fun, kwargs["name"]) == ("pkg.installed", "python3-psycopg2")
+
+
+def test_a_family_without_parameters_fails_naming_the_package_key(salt_env):
+    data = pillar(job_cache=JOB_CACHE, lookup={"master": {"job_cache_install": "pkg"}})
+    env = salt_env("master2", data, grains={"os_family": "Gentoo"})
+    errors = env.render(["multimaster.master"])["multimaster.master"]
+    assert isinstance(errors, list)
+    assert any("multimaster:lookup:master:job_cache_pkg" in e for e in errors), errors
+    assert JOB_CACHE["password"] not in str(errors)
+
+
 def test_gitfs_with_a_distro_packaged_salt_installs_the_package(salt_env):
     data = copy.deepcopy(VARIANTS["gitfs-acl"][1])
     data["lookup"] = {"master": {"gitfs_install": "pkg"}}

@@ -12,6 +12,7 @@ import pathlib
 import sys
 
 import salt.config
+import salt.utils.dictupdate
 import salt.utils.yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -32,12 +33,24 @@ def load_module(name, relpath):
     return module
 
 
-def read_defaults():
-    """
-    The ``values`` of ``multimaster/parameters/defaults.yaml``.
-    """
-    with open(ROOT / "multimaster" / "parameters" / "defaults.yaml", encoding="utf-8") as handle:
+def _values(path):
+    with open(path, encoding="utf-8") as handle:
         return salt.utils.yaml.safe_load(handle)["values"]
+
+
+def read_defaults(os_family="Debian"):
+    """
+    The ``values`` of ``multimaster/parameters/defaults.yaml`` with those of
+    ``parameters/os_family/<os_family>.yaml`` merged over them, as the execution module stacks
+    them on a minion of that family (``None``: defaults.yaml alone).
+    """
+    parameters = ROOT / "multimaster" / "parameters"
+    values = _values(parameters / "defaults.yaml")
+    if os_family:
+        values = salt.utils.dictupdate.update(
+            values, _values(parameters / "os_family" / f"{os_family}.yaml"), recursive_update=True
+        )
+    return values
 
 
 def master_opts(tmp_path, **extra):

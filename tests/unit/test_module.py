@@ -97,6 +97,7 @@ def configure_loader_modules(mod, opts, pillar):
                 "pillar.get": lambda key, default=None, **kw: pillar.get(key, default),
             },
             "__context__": {},
+            "__grains__": {"os_family": "Debian"},
         }
     }
 
@@ -126,19 +127,50 @@ def test_settings_merges_validates_and_resolves_local_paths(mod, tmp_path, defau
     assert mod.validate(defaults) is True
 
 
-def test_settings_reads_formula_defaults_once(mod):
-    text = (ROOT / "multimaster" / "parameters" / "defaults.yaml").read_text()
+@pytest.fixture
+def parameters_server(mod):
+    """
+    ``cp.get_file_str`` serving the formula's parameters files; returns the URLs asked for.
+    """
     calls = []
 
     def get_file_str(url):
         calls.append(url)
-        return text
+        path = ROOT / url.removeprefix("salt://")
+        return path.read_text() if path.is_file() else False
 
     mod.__salt__["cp.get_file_str"] = get_file_str
+    return calls
+
+
+def test_settings_reads_formula_defaults_once(mod, parameters_server):
     mod.settings()
     mod.settings()
-    assert calls == ["salt://multimaster/parameters/defaults.yaml"]
-    assert mod.__context__["multimaster.defaults"] == read_defaults()
+    assert parameters_server == [
+        "salt://multimaster/parameters/os_family/Debian.yaml",
+        "salt://multimaster/parameters/defaults.yaml",
+    ]
+    assert mod.__context__["multimaster.defaults"] == read_defaults("Debian")
+
+
+@pytest.mark.parametrize("family", ["Debian", "RedHat", "Suse"])
+def test_os_family_parameters_name_the_distro_packages(mod, parameters_server, family):
+    mod.__grains__["os_family"] = family
+    lookup = mod.settings()["lookup"]["master"]
+    assert (lookup["gitfs_pkg"], lookup["job_cache_pkg"]) == ("python3-pygit2", "python3-psycopg2")
+    assert lookup == read_defaults(family)["lookup"]["master"]
+
+
+def test_a_family_without_parameters_asks_for_the_package_name(mod, pillar, parameters_server):
+    """
+    A distro-packaged Salt on a family the formula has no parameters for: the distro package
+    of a wanted dependency has no name, and the error says which key to set.
+    """
+    mod.__grains__["os_family"] = "Gentoo"
+    pillar["multimaster"]["job_cache"] = {"enabled": True, "host": "db", "password": "pw"}
+    pillar["multimaster"]["lookup"] = {"master": {"job_cache_install": "pkg"}}
+    with pytest.raises(multimaster_settings.SettingsError, match="lookup:master:job_cache_pkg"):
+        mod.settings()
 
 
 def test_missing_defaults_file_is_an_error(mod):
