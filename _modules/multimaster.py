@@ -130,8 +130,11 @@ def settings(defaults=None, redact=True):
         "minion_pidfile": __opts__["pidfile"],
         "first_highstate_mark": _first_highstate_mark(),
         "master": local_master,
-        "python_deps": multimaster_settings.python_deps(
-            merged, multimaster_saltlayout.salt_install()
+        # Only a master needs them (and only its control minion sees the job cache password).
+        "python_deps": (
+            multimaster_settings.python_deps(merged, multimaster_saltlayout.salt_install())
+            if local_master
+            else []
         ),
     }
     merged["config"] = {

@@ -44,6 +44,9 @@ CLUSTER_SECRET_EXPECTED = (
 KEY_CACHE_DRIVERS = ("", "localfs_key", "mmap_key")
 WILDCARDS = ("0.0.0.0", "::", "")
 PYTHON_INSTALLS = ("auto", "pkg", "pip")
+JOB_CACHE_PASSWORD_EXPECTED = (
+    "the database user's password, from pillar targeted at the masters' control minions only"
+)
 # lookup:master:<part>_install/_pkg/_pip: how each Python dependency of the master installs.
 PYTHON_DEPS = {"gitfs": "pygit2 for gitfs", "job_cache": "psycopg2 for the job cache"}
 _DB_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
@@ -312,13 +315,9 @@ def _validate_job_cache(settings):
                 job_cache.get(key),
                 "a PostgreSQL name (letters, digits, _; at most 63)",
             )
-    password = job_cache.get("password")
-    if not isinstance(password, str) or not password:
-        _fail(
-            "job_cache:password",
-            password,
-            "the database user's password, from pillar targeted at the masters only",
-        )
+    # Empty is allowed here: only the masters' control minions see it (job_cache_config checks).
+    if not isinstance(job_cache.get("password"), str):
+        _fail("job_cache:password", job_cache.get("password"), JOB_CACHE_PASSWORD_EXPECTED)
     _check_int(job_cache, "connect_timeout", "job_cache", minimum=1)
     if job_cache.get("sslmode") not in multimaster_jobcache.SSL_MODES:
         _fail(
@@ -605,14 +604,18 @@ def python_deps(settings, salt_install):
 def job_cache_config(settings):
     """
     The ``master.d`` options of the shared job cache (None when it is off), its password among
-    them: written to a 0600 file of their own, like the cluster secret.
+    them: written to a 0600 file of their own, like the cluster secret. Raises ``SettingsError``
+    when the pillar this master's control minion sees holds no password.
 
     settings
         The merged ``multimaster`` settings.
     """
-    if not settings["job_cache"]["enabled"]:
+    job_cache = settings["job_cache"]
+    if not job_cache["enabled"]:
         return None
-    return multimaster_jobcache.master_options(settings["job_cache"])
+    if not job_cache["password"]:
+        _fail("job_cache:password", job_cache["password"], JOB_CACHE_PASSWORD_EXPECTED)
+    return multimaster_jobcache.master_options(job_cache)
 
 
 def reactor_config(reactor):

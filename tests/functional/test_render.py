@@ -123,6 +123,11 @@ VARIANTS = {
     ),
     "unmanaged": ("master2", pillar(install_packages=False, manage_services=False)),
     "job-cache": ("master2", pillar(job_cache=JOB_CACHE)),
+    # Every other minion's pillar lacks the password (targeted at the masters only).
+    "job-cache-plain-minion": (
+        "web1",
+        pillar(job_cache={k: v for k, v in JOB_CACHE.items() if k != "password"}),
+    ),
 }
 
 

@@ -46,6 +46,18 @@ def test_nothing_is_rendered_while_the_job_cache_is_off(defaults):
     )
 
 
+def test_only_a_master_needs_the_password(defaults):
+    """
+    The password is targeted at the masters' control minions: the other minions see the section
+    without it and build their settings; a master without it is refused, naming the key.
+    """
+    section = dict(SECTION, job_cache=dict(SECTION["job_cache"], password=""))
+    settings = multimaster_settings.build(section, defaults)
+    assert multimaster_settings.minion_config(settings)["master"] == ["10.0.3.61", "10.0.3.230"]
+    with pytest.raises(multimaster_settings.SettingsError, match="multimaster:job_cache:password"):
+        multimaster_settings.job_cache_config(settings)
+
+
 def test_the_connection_is_read_back_from_the_master_options(settings):
     conn = jobcache.connection(multimaster_settings.job_cache_config(settings))
     assert conn == {

@@ -538,11 +538,11 @@ CASES = {
         js("salt; DROP TABLE jids"),
         "a PostgreSQL name",
     ),
-    "job-cache-without-password": (
-        pillar(job_cache=dict(JOB_CACHE, password="")),
+    "job-cache-password-not-a-string": (
+        pillar(job_cache=dict(JOB_CACHE, password=123456789)),
         "job_cache:password",
         multimaster_settings.MASK,
-        "the database user's password, from pillar targeted at the masters only",
+        "the database user's password, from pillar targeted at the masters' control minions",
     ),
     "job-cache-timeout-zero": (
         pillar(job_cache=dict(JOB_CACHE, connect_timeout=0)),
