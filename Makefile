@@ -44,12 +44,7 @@ test: venv
 	$(PY) -m pytest tests
 
 # mmap_key is a Salt 3008 key-cache driver: the other lines have no key cache to test it on.
-# On 3007, sync_roots hangs (300 s timeout) when test_roots runs after the other key modules
-# (it passes alone): an open defect, left out of the 3007 run until fixed.
 COMPAT_SKIP := --ignore=tests/integration/keys/test_mmap.py
-ifeq ($(SALT),3007)
-COMPAT_SKIP += --ignore=tests/integration/keys/test_roots.py
-endif
 test-compat: venv
 	$(PY) -m pytest $(COMPAT_TESTS) $(COMPAT_SKIP)
 

@@ -33,6 +33,7 @@ try:
     import multimaster_ids
     import multimaster_keys
     import multimaster_keystore
+    import multimaster_returns
     import multimaster_roots
     import multimaster_seal
     import multimaster_settings
@@ -141,13 +142,8 @@ def _call(section, masters, fun, kwarg, timeout, check=None):
     by_minion = {m["minion_id"]: m["id"] for m in section["masters"] if m["id"] in masters}
     start = time.monotonic()
     with salt.client.get_local_client(__opts__["conf_file"]) as client:
-        returns = client.cmd(
-            list(by_minion),
-            f"{PEER}.{fun}",
-            kwarg=kwarg,
-            tgt_type="list",
-            timeout=timeout,
-            full_return=True,
+        returns = multimaster_returns.cmd_returns(
+            client, list(by_minion), f"{PEER}.{fun}", kwarg=kwarg, timeout=timeout
         )
     log.info("multimaster: %s on %s: %.2fs", fun, sorted(masters), time.monotonic() - start)
     answers, errors = {}, {}
@@ -757,8 +753,8 @@ def first_highstate(minion, timeout=60):
     except SaltInvocationError as exc:
         return _refused(exc)
     with salt.client.get_local_client(__opts__["conf_file"]) as client:
-        synced = client.cmd(
-            [minion], "saltutil.sync_all", tgt_type="list", timeout=timeout, full_return=True
+        synced = multimaster_returns.cmd_returns(
+            client, [minion], "saltutil.sync_all", timeout=timeout
         ).get(minion)
         if not isinstance(synced, dict) or synced.get("retcode", 0) != 0:
             return _finish({"error": f"{minion}: saltutil.sync_all failed: {synced}"}, True)

@@ -59,6 +59,20 @@ def configure_loader_modules(runner):
     }
 
 
+@pytest.fixture(autouse=True)
+def publish_through_cmd(runner, monkeypatch):
+    """
+    The fake clients below answer ``cmd``: the runner's return collector goes through it.
+    """
+
+    def cmd_returns(client, minions, fun, kwarg=None, timeout=None):
+        return client.cmd(
+            list(minions), fun, kwarg=kwarg, tgt_type="list", timeout=timeout, full_return=True
+        )
+
+    monkeypatch.setattr(runner.multimaster_returns, "cmd_returns", cmd_returns)
+
+
 @pytest.fixture
 def use(runner, monkeypatch):
     """

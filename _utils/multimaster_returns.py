@@ -1,0 +1,72 @@
+"""
+Collect a job's returns on the master: what ``LocalClient.cmd(..., full_return=True)`` gives,
+without losing a return that reached the job cache but not the runner's event stream.
+
+Salt 3007's master event client (``salt.transport.tcp.PublishClient.recv(timeout=0)``) peeks at
+the kernel socket before reading, and Tornado may already hold the next event in its own read
+buffer: when two large returns arrive together, the second one waits there until some other
+event wakes the socket, and ``cmd`` waits out its whole timeout for a minion that answered in
+milliseconds (Salt 3008 reads the buffer instead). The master stores every return in its job
+cache before it fires the event, so while the event stream is idle the missing returns are read
+from the job cache once a second.
+"""
+
+import logging
+import time
+
+log = logging.getLogger(__name__)
+
+# How long the event stream may stay idle before the job cache is read for missing returns.
+CACHE_LOOK_INTERVAL = 1.0
+
+
+def _from_cache(client, jid, missing):
+    getter = client.returners[f"{client.opts['master_job_cache']}.get_jid"]
+    found = {}
+    for minion_id, data in (getter(jid) or {}).items():
+        if minion_id in missing and isinstance(data, dict) and "return" in data:
+            found[minion_id] = {
+                "ret": data["return"],
+                "retcode": data.get("retcode", 0),
+                "jid": jid,
+            }
+    if found:
+        log.info(
+            "multimaster: returns of %s for job %s read from the job cache", sorted(found), jid
+        )
+    return found
+
+
+def cmd_returns(client, minions, fun, kwarg=None, timeout=None):
+    """
+    Run ``fun`` on the listed ``minions`` through ``client`` (a ``LocalClient``) and return
+    ``{minion id: {"ret", "retcode", "jid"}}`` for each minion that answered within Salt's own
+    timeout rules (``timeout``, extended while ``saltutil.find_job`` finds the job running).
+    """
+    pub = client.run_job(
+        list(minions), fun, kwarg=kwarg or {}, tgt_type="list", timeout=timeout, listen=True
+    )
+    if not pub or not pub.get("jid"):
+        return {}
+    jid, expected = pub["jid"], set(pub.get("minions") or [])
+    returns = {}
+    events = client.get_iter_returns(
+        jid, list(expected), timeout=timeout, tgt=list(minions), tgt_type="list", block=False
+    )
+    next_look = time.monotonic() + CACHE_LOOK_INTERVAL
+    try:
+        for item in events:
+            if item:
+                returns.update({k: v for k, v in item.items() if "ret" in v})
+            elif time.monotonic() >= next_look:
+                returns.update(_from_cache(client, jid, expected - set(returns)))
+                next_look = time.monotonic() + CACHE_LOOK_INTERVAL
+            else:
+                # ``block=False`` yields at once when nothing came: pace the loop as ``cmd`` does.
+                time.sleep(0.01)
+            if expected <= set(returns):
+                break
+    finally:
+        events.close()
+        client._clean_up_subscriptions(jid)  # noqa: SLF001  (what cmd_iter does on its way out)
+    return returns

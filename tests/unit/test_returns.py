@@ -1,0 +1,86 @@
+"""
+The return collector: a return the event stream never delivers (Salt 3007's event client can
+leave it in its read buffer) is read from the master's job cache; returns the events deliver are
+taken as they come; the publish's subscriptions are cleaned up.
+"""
+
+import multimaster_returns as returns
+import pytest
+
+
+class Client:
+    """
+    A LocalClient whose event stream delivers ``events`` then stays idle; its job cache holds
+    ``cache``.
+    """
+
+    def __init__(self, events, cache, minions=("cm1", "cm2")):
+        self.opts = {"master_job_cache": "local_cache"}
+        self.events, self.cache, self.minions = events, cache, list(minions)
+        self.cache_reads = 0
+        self.cleaned = []
+        self.returners = {"local_cache.get_jid": self._get_jid}
+
+    def _get_jid(self, jid):
+        assert jid == "j1"
+        self.cache_reads += 1
+        return self.cache
+
+    def run_job(self, tgt, fun, kwarg=None, tgt_type=None, timeout=None, listen=False):
+        assert tgt_type == "list" and listen
+        return {"jid": "j1", "minions": self.minions}
+
+    def get_iter_returns(self, jid, minions, **kwargs):
+        assert kwargs["block"] is False
+        yield from self.events
+        for _ in range(2000):
+            yield None
+
+    def _clean_up_subscriptions(self, jid):
+        self.cleaned.append(jid)
+
+
+@pytest.fixture(autouse=True)
+def quick(monkeypatch):
+    monkeypatch.setattr(returns, "CACHE_LOOK_INTERVAL", 0.05)
+
+
+def test_a_return_missing_from_the_events_is_read_from_the_job_cache():
+    client = Client(
+        [{"cm1": {"ret": {"a": 1}, "retcode": 0, "jid": "j1"}}],
+        {
+            "cm1": {"return": {"a": 1}, "retcode": 0},
+            "cm2": {"return": {"b": 2}, "retcode": 0, "success": True},
+        },
+    )
+    got = returns.cmd_returns(client, ["cm1", "cm2"], "multimaster_peer.roots_manifest")
+    assert got == {
+        "cm1": {"ret": {"a": 1}, "retcode": 0, "jid": "j1"},
+        "cm2": {"ret": {"b": 2}, "retcode": 0, "jid": "j1"},
+    }
+    assert client.cleaned == ["j1"]
+
+
+def test_returns_from_the_events_need_no_cache_read():
+    client = Client(
+        [
+            {"cm1": {"ret": True, "retcode": 0, "jid": "j1"}},
+            {"cm2": {"ret": "boom", "retcode": 1, "jid": "j1"}},
+        ],
+        {},
+    )
+    got = returns.cmd_returns(client, ["cm1", "cm2"], "test.ping")
+    assert got["cm2"] == {"ret": "boom", "retcode": 1, "jid": "j1"}
+    assert client.cache_reads == 0
+
+
+def test_a_minion_that_never_answers_is_absent_and_failed_markers_are_dropped():
+    client = Client([None, {"cm2": {"failed": True}}], {})
+    got = returns.cmd_returns(client, ["cm1", "cm2"], "test.ping")
+    assert got == {} and client.cache_reads >= 1 and client.cleaned == ["j1"]
+
+
+def test_a_publish_that_reached_no_one_returns_nothing():
+    client = Client([], {})
+    client.run_job = lambda *a, **k: {}
+    assert returns.cmd_returns(client, ["cm1"], "test.ping") == {}
