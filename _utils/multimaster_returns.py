@@ -7,8 +7,9 @@ the kernel socket before reading, and Tornado may already hold the next event in
 buffer: when two large returns arrive together, the second one waits there until some other
 event wakes the socket, and ``cmd`` waits out its whole timeout for a minion that answered in
 milliseconds (Salt 3008 reads the buffer instead). The master stores every return in its job
-cache before it fires the event, so while the event stream is idle the missing returns are read
-from the job cache once a second.
+cache right after it fires the event, so while the event stream is idle the missing returns are
+read from the job cache once a second (``local_cache`` retries a return file it finds half
+written; ``pgjsonb`` writes each return in one transaction).
 """
 
 import logging
