@@ -23,8 +23,14 @@ CACHE_LOOK_INTERVAL = 1.0
 
 def _from_cache(client, jid, missing):
     getter = client.returners[f"{client.opts['master_job_cache']}.get_jid"]
+    try:
+        cached = getter(jid) or {}
+    except Exception as exc:  # pylint: disable=broad-except
+        # A shared job cache that is down must not fail the job: the events still count.
+        log.debug("multimaster: job cache unreadable for job %s: %s", jid, exc)
+        return {}
     found = {}
-    for minion_id, data in (getter(jid) or {}).items():
+    for minion_id, data in cached.items():
         if minion_id in missing and isinstance(data, dict) and "return" in data:
             found[minion_id] = {
                 "ret": data["return"],

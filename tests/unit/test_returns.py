@@ -84,3 +84,15 @@ def test_a_publish_that_reached_no_one_returns_nothing():
     client = Client([], {})
     client.run_job = lambda *a, **k: {}
     assert returns.cmd_returns(client, ["cm1"], "test.ping") == {}
+
+
+def test_a_job_cache_that_is_down_does_not_fail_the_job(monkeypatch):
+    client = Client([None, None, {"cm2": {"ret": True, "retcode": 0, "jid": "j1"}}], {})
+
+    def down(jid):
+        raise OSError("connection refused")
+
+    client.returners["local_cache.get_jid"] = down
+    monkeypatch.setattr(returns, "CACHE_LOOK_INTERVAL", 0)
+    got = returns.cmd_returns(client, ["cm2"], "test.ping")
+    assert got == {"cm2": {"ret": True, "retcode": 0, "jid": "j1"}}
