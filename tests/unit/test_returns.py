@@ -33,7 +33,7 @@ class Client:
     def get_iter_returns(self, jid, minions, **kwargs):
         assert kwargs["block"] is False
         yield from self.events
-        for _ in range(2000):
+        for _ in range(200):
             yield None
 
     def _clean_up_subscriptions(self, jid):
