@@ -532,6 +532,11 @@ def delete(minion, fingerprint=None, test=False, masters=None, timeout=60):
 # --- orchestration ---------------------------------------------------------------------------
 
 
+# master_settled answers in well under a second; a control minion that is restarting does not
+# answer at all, and each poll that meets one waits this long (plus Salt's find_job round).
+SETTLED_POLL_TIMEOUT = 3
+
+
 def wait_masters(timeout=180, interval=1, skip=None):
     """
     Wait until every master is up with no restart pending: what the orchestrations run after a
@@ -565,7 +570,7 @@ def wait_masters(timeout=180, interval=1, skip=None):
     waiting, last = [m for m in _ids(section) if m not in skipped], {}
     while True:
         try:
-            answers, errors = _call(section, waiting, "master_settled", {}, 10)
+            answers, errors = _call(section, waiting, "master_settled", {}, SETTLED_POLL_TIMEOUT)
         except SaltClientError as exc:  # this master is restarting
             answers, errors = {}, {m: str(exc) for m in waiting}
         last = {m: errors.get(m) or answers.get(m) for m in waiting}
