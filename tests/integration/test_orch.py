@@ -131,8 +131,9 @@ def test_add_master_brings_in_master3(orch_set, record_property):
     """
     The orchestration succeeds while a hot minion is pinged from master1 once a second (the
     misses are printed and recorded: master1 restarts once, for its peer_run, and the minion
-    restarts once, for its master list); afterwards every minion answers master3, the
-    orchestration's own status step and a later one are clean, and a re-run succeeds.
+    restarts once, for its master list), the minions re-pointed two at a time; afterwards every
+    minion answers master3, the orchestration's own status step and a later one are clean, and
+    a re-run succeeds.
     """
     masters, minions, _ = orch_set
     master1, _, master3 = masters
@@ -142,7 +143,8 @@ def test_add_master_brings_in_master3(orch_set, record_property):
     try:
         ret = keytools.run_cli(
             "salt-run", master1.config_dir, "state.orch", "multimaster.orch.add_master",
-            "pillar=" + json.dumps({"multimaster_new": master3.id}), timeout=900,
+            "pillar=" + json.dumps({"multimaster_new": master3.id, "multimaster_batch": 2}),
+            timeout=900,
         )  # fmt: skip
     finally:
         stop.set()
@@ -222,6 +224,7 @@ def test_remove_master_takes_master3_out_everywhere(orch_set):
         "multimaster_remove_minion_id": control_id(2),
         "multimaster_remove_config_dir": str(master3.config_dir),
         "multimaster_stop": True,
+        "multimaster_batch": "50%",
     }
     ret = keytools.run_cli(
         "salt-run", master1.config_dir, "state.orch", "multimaster.orch.remove_master",
