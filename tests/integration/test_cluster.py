@@ -117,6 +117,7 @@ def cluster_set(salt_factories, tmp_path_factory):
         mode="cluster",
         install_packages=False,
         manage_services=True,
+        reactor={"keys": True},
         master=harness.formula_master_options(formula, pillar_dir),
         cluster={
             "balancer": BALANCER,
@@ -197,6 +198,7 @@ def cluster_set(salt_factories, tmp_path_factory):
             "lb_dir": lb_dir,
             "stack": stack,
             "factories": salt_factories,
+            "stopped": set(),
         }
 
 
@@ -400,6 +402,7 @@ def test_one_master_stopped_the_others_still_reach_every_minion(cluster_set):
     stopped = cluster_set["masters"][1]
     stopped.terminate()
     kill_daemons_of(stopped.config_dir)
+    cluster_set["stopped"].add(stopped.id)
     for master in cluster_set["masters"]:
         if master is stopped:
             continue
@@ -414,3 +417,81 @@ def test_one_master_stopped_the_others_still_reach_every_minion(cluster_set):
     assert ret.returncode == 1, ret
     assert ret.data["backends_down"] == [stopped.id]
     assert ret.data["balancer"] == {"publish": True, "ret": True}
+
+
+def running(cluster_set):
+    """
+    ``[(factory, opts)]`` of the masters not stopped by a test (the formula restarted most of
+    them, so the factories' own process handles say nothing).
+    """
+    return [
+        (m, multimaster_keystore.master_opts(m.config_dir))
+        for m in cluster_set["masters"]
+        if m.id not in cluster_set["stopped"]
+    ]
+
+
+def key_states(live, minion_id):
+    """The states ``minion_id``'s key has in the stores of the ``live`` masters."""
+    return {
+        multimaster_keystore.inventory(o, ids={minion_id})[0].get(minion_id, ["absent"])[0]
+        for _, o in live
+    }
+
+
+def salt_key_reaches_every_peer(master, live, target, state, flag, *extra):
+    """
+    ``salt-key <flag> target *extra -y`` on ``master`` (the target right after the flag:
+    ``-r`` takes the next word as its glob); then ``target``'s key is ``state`` in the store of
+    every ``live`` master. Returns the seconds that took.
+    """
+    ret = master.salt_key_cli().run(flag, target, *extra, "-y")
+    assert ret.returncode == 0, ret
+    assert "does not match" not in ret.stdout, ret
+    started = time.monotonic()
+    harness.wait_for(
+        lambda: key_states(live, target) == {state}, 60, 0.5, f"{target} {state} on every peer"
+    )
+    return time.monotonic() - started
+
+
+def test_salt_key_changes_on_one_peer_reach_every_peer(cluster_set):
+    """
+    Salt 3008.3's cluster copies a ``salt-key -d`` to the peers but not ``-r`` or ``-a`` (its
+    event says ``rejected``/``accepted``, its peers apply only ``reject``/``accept``). With the
+    key reactor on (pillar ``multimaster:reactor:keys``), a reject on one peer ends up rejected
+    on all; an accept made on another peer ends up accepted on all, with the very key accepted;
+    a delete on a third is gone everywhere (Salt's own replication).
+    """
+    live = running(cluster_set)
+    masters = [m for m, _ in live]
+    assert len(masters) >= 3
+    for master in masters:
+        assert master.salt_run_cli(timeout=120).run("saltutil.sync_all").returncode == 0
+    target = f"{PREFIX}-keyed"
+    pub = devkit.public_pem(devkit.new_rsa_key())
+    for _, opts in live:
+        multimaster_keystore.write(opts, [(target, "accepted", pub)])
+
+    took = salt_key_reaches_every_peer(
+        masters[1], live, target, "rejected", "-r", "--include-accepted"
+    )
+    print(f"\nreject on {masters[1].id} reached every peer in {took:.1f} s")
+    # Salt rotates the AES key on the master that rejected (only there, with an isolated
+    # filesystem): jobs from every master must still reach every minion.
+    for master in masters:
+        harness.wait_for(
+            lambda m=master: answers(m) == sorted(MINIONS),
+            180,
+            2,
+            f"every minion to answer {master.id} after the reject",
+        )
+
+    salt_key_reaches_every_peer(masters[2], live, target, "accepted", "-a", "--include-rejected")
+    # The key every peer holds is the one that was accepted.
+    held = {
+        multimaster_keystore.inventory(o, with_pubs=True, ids={target})[1][target]["key"]
+        for _, o in live
+    }
+    assert held == {pub}
+    salt_key_reaches_every_peer(masters[0], live, target, "absent", "-d")
