@@ -541,7 +541,8 @@ def wait_masters(timeout=180, interval=1, skip=None):
     """
     Wait until every master is up with no restart pending: what the orchestrations run after a
     step that may restart masters (``multimaster.master`` restarts a master once the job that
-    changed its config has returned). Rides out a restart of this master itself.
+    changed its config has returned). Rides out a restart of this master itself. In mode
+    cluster it proposes a no-op Raft entry every 5 s while it waits (see ``cluster_ready``).
 
     skip
         Ids of masters not to wait for (a comma-separated string or a list): the one being
@@ -568,6 +569,7 @@ def wait_masters(timeout=180, interval=1, skip=None):
         return _refused(exc)
     start = time.monotonic()
     waiting, last = [m for m in _ids(section) if m not in skipped], {}
+    next_nudge = READY_NUDGE_INTERVAL
     while True:
         try:
             answers, errors = _call(section, waiting, "master_settled", {}, SETTLED_POLL_TIMEOUT)
@@ -583,6 +585,10 @@ def wait_masters(timeout=180, interval=1, skip=None):
                 {"comment": f"not settled after {timeout}s", "masters": last, "waited": waited},
                 True,
             )
+        if section["mode"] == "cluster" and waited >= next_nudge:
+            # A restarted master may have won the election: see cluster_ready.
+            _nudge_raft()
+            next_nudge = waited + READY_NUDGE_INTERVAL
         time.sleep(float(interval))
 
 
@@ -1529,6 +1535,76 @@ def share_peer_keys(masters=None, test=False, timeout=60):
     if test:
         ret["test"] = True
     return _finish(ret, bool(not_here) or not all(r["result"] for r in report.values()))
+
+
+# Salt 3008.3's Raft leader appends nothing when elected and commits only entries of its own
+# term, so after a restart that ends in an election (every master restarted, or a restarted
+# master winning) the CONFIG entries naming the voters are never applied again: no master
+# marks itself ready (``<cachedir>/health/ready``) and each defers minion and CLI requests.
+# ``cluster.route_clear`` proposes a ROUTE entry, sending this name's writes to every master
+# (what an unrouted name gets anyway); Salt carries it to whichever master leads, and once
+# it commits the older entries apply with it.
+READY_NUDGE_ROUTE = "multimaster"
+READY_NUDGE_INTERVAL = 5.0
+
+
+def _health_sentinel(name):
+    return os.path.isfile(os.path.join(__opts__["cachedir"], "health", name))
+
+
+def _nudge_raft():
+    """
+    Propose the no-op Raft entry (fired on this master's bus, carried to the leader). 1 when
+    the bus took it, else 0.
+    """
+    if _fire_on_own_bus({"data_type": READY_NUDGE_ROUTE}, "cluster/runner/route_clear"):
+        log.info("multimaster: proposed a no-op Raft entry so that restarted masters get ready")
+        return 1
+    return 0
+
+
+def cluster_ready(timeout=120, interval=1):
+    """
+    Mode cluster: wait until this master is ready to serve (Salt's readiness sentinel
+    ``<cachedir>/health/ready``: its Raft has applied the entry naming it a voter). While it
+    has started but is not ready, propose a no-op Raft entry every 5 s
+    (``cluster.route_clear data_type=multimaster``): a Raft leader elected after a restart
+    commits nothing of its own otherwise, and no master would open its request gate. What
+    ``multimaster.orch.remove_master`` runs after restarting masters; run it by hand after
+    restarting every master of a cluster.
+
+    timeout
+        Seconds to wait in all.
+
+    interval
+        Seconds between looks at the sentinel.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.cluster_ready
+    """
+    try:
+        section = _section()
+        if section["mode"] != "cluster":
+            raise Refused(f"mode is {section['mode']!r}: readiness is a cluster matter")
+    except Refused as exc:
+        return _refused(exc)
+    start, nudges, next_nudge = time.monotonic(), 0, 0.0
+    while not _health_sentinel("ready"):
+        waited = time.monotonic() - start
+        if waited > float(timeout):
+            return _finish(
+                {"ready": False, "comment": f"not ready after {timeout}s", "nudges": nudges},
+                True,
+            )
+        if _health_sentinel("startup") and waited >= next_nudge:
+            nudges += _nudge_raft()
+            next_nudge = waited + READY_NUDGE_INTERVAL
+        time.sleep(float(interval))
+    waited = round(time.monotonic() - start, 1)
+    return _finish({"ready": True, "waited": waited, "nudges": nudges}, False)
 
 
 def _job_cache_status(reports, reachable):

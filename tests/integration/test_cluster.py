@@ -11,6 +11,7 @@ import copy
 import pathlib
 import shutil
 import stat
+import subprocess
 import time
 
 import multimaster_keystore
@@ -495,3 +496,47 @@ def test_salt_key_changes_on_one_peer_reach_every_peer(cluster_set):
     }
     assert held == {pub}
     salt_key_reaches_every_peer(masters[0], live, target, "absent", "-d")
+
+
+def test_every_master_restarted_at_once_is_ready_again_after_cluster_ready(cluster_set):
+    """
+    Every running master killed and started again at once: Salt 3008.3's Raft elects a leader
+    that commits nothing of its own term, so no master marks itself ready (its request gate
+    stays shut) until ``salt-run multimaster.cluster_ready`` proposes a no-op entry; then every
+    master is ready and jobs from each reach every minion.
+    """
+    live = running(cluster_set)
+    for master, _ in live:
+        kill_daemons_of(master.config_dir)
+    health = {m.id: pathlib.Path(o["cachedir"]) / "health" for m, o in live}
+    for master, _ in live:
+        subprocess.Popen(  # noqa: S603  (our own venv's salt-master, daemonizing)
+            devkit.salt_command("salt-master", master.config_dir, "-d"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ).wait(timeout=60)
+    harness.wait_for(
+        lambda: all((h / "startup").exists() for h in health.values()),
+        120,
+        1,
+        "every master to start",
+    )
+    before = {m: (h / "ready").exists() for m, h in health.items()}
+    print(f"\nready before cluster_ready: {before}")
+    first = live[0][0]
+    ret = devkit.salt_cli(
+        "salt-run", first.config_dir, "multimaster.cluster_ready", "timeout=120", timeout=180
+    )
+    assert ret.returncode == 0, ret
+    assert ret.data["ready"] is True, ret
+    print(f"cluster_ready: {ret.data}")
+    harness.wait_for(
+        lambda: all((h / "ready").exists() for h in health.values()), 60, 1, "every master ready"
+    )
+    for master, _ in live:
+        harness.wait_for(
+            lambda m=master: answers(m) == sorted(MINIONS),
+            180,
+            2,
+            f"every minion to answer {master.id} after the restart",
+        )

@@ -510,3 +510,97 @@ def test_a_master_without_keys_in_the_differing_buckets_is_not_asked(
     assert calls == [(["cm1", "cm2"], {})]
     fp = multimaster_keys.fingerprint(pem)
     assert ret["masters"]["m2"]["planned"] == [{"id": "web", "op": "accept", "fp": fp}]
+
+
+class FakeClock:
+    """The runner's ``time``: each sleep moves the clock on by what was asked, or 1 s."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += float(seconds) or 1.0
+
+
+@pytest.fixture
+def health(runner, monkeypatch, tmp_path):
+    """
+    A cluster master whose ``<cachedir>/health`` is ``tmp_path/health``; the events fired on its
+    bus are recorded, and ``on_fire`` (set by a test) runs on each.
+    """
+    monkeypatch.setattr(runner, "_section", lambda *a, **k: {"mode": "cluster"})
+    monkeypatch.setitem(runner.__opts__, "cachedir", str(tmp_path))
+    monkeypatch.setitem(runner.__opts__, "sock_dir", str(tmp_path))
+    monkeypatch.setattr(runner, "time", FakeClock())
+    (tmp_path / "health").mkdir()
+    fired = []
+
+    class Bus:
+        on_fire = None
+
+        def fire_event(self, data, tag):
+            fired.append((tag, data))
+            if Bus.on_fire:
+                Bus.on_fire()
+            return True
+
+    monkeypatch.setattr(
+        runner.salt.utils.event, "get_master_event", lambda *a, **k: contextlib.nullcontext(Bus())
+    )
+    return tmp_path / "health", fired, Bus
+
+
+def test_cluster_ready_proposes_a_raft_entry_until_the_master_is_ready(runner, health):
+    """
+    Started but not ready: a no-op ROUTE entry is proposed through Salt's own runner event;
+    once the readiness sentinel appears it returns ready.
+    """
+    sentinels, fired, bus = health
+    (sentinels / "startup").write_text("1")
+    bus.on_fire = lambda: (sentinels / "ready").write_text("1")
+    ret = runner.cluster_ready(timeout=60, interval=0)
+    assert ret["retcode"] == 0 and ret["ready"] is True and ret["nudges"] == 1, ret
+    assert fired == [("cluster/runner/route_clear", {"data_type": "multimaster"})]
+
+
+def test_cluster_ready_does_not_nudge_a_master_that_has_not_started(runner, health):
+    sentinels, fired, _ = health
+    ret = runner.cluster_ready(timeout=0, interval=0)
+    assert ret["retcode"] == 1 and ret["ready"] is False and "not ready after" in ret["comment"]
+    assert fired == []
+
+
+def test_cluster_ready_returns_at_once_for_a_ready_master(runner, health):
+    sentinels, fired, _ = health
+    (sentinels / "startup").write_text("1")
+    (sentinels / "ready").write_text("1")
+    ret = runner.cluster_ready(timeout=0, interval=0)
+    assert ret["retcode"] == 0 and ret["nudges"] == 0 and fired == []
+
+
+def test_cluster_ready_refuses_outside_mode_cluster(runner, use):
+    use({})
+    ret = runner.cluster_ready(timeout=0)
+    assert ret["retcode"] == 1 and "readiness is a cluster matter" in ret["comment"], ret
+
+
+def test_wait_masters_in_a_cluster_proposes_a_raft_entry_every_5_s_while_waiting(
+    runner, use, health, monkeypatch
+):
+    """
+    A restarted master that won the election would keep every restarted master's gate shut:
+    while masters are not settled, a no-op entry is proposed every 5 s, none once they are.
+    """
+    _, fired, _ = health
+    monkeypatch.setattr(runner, "_section", lambda *a, **k: dict(SECTION, mode="cluster"))
+    use({"cm1": {"settled": True}, "cm2": {"up": False}})
+    ret = runner.wait_masters(timeout=12, interval=1)
+    assert ret["retcode"] == 1, ret
+    assert [tag for tag, _ in fired] == ["cluster/runner/route_clear"] * 2
+    fired.clear()
+    use({"cm1": {"settled": True}, "cm2": {"settled": True}})
+    assert runner.wait_masters(timeout=12, interval=1)["retcode"] == 0
+    assert fired == []
