@@ -8,6 +8,7 @@ only the balancer.
 
 import contextlib
 import copy
+import json
 import pathlib
 import shutil
 import stat
@@ -16,6 +17,7 @@ import time
 
 import multimaster_keystore
 import pytest
+import yaml
 
 from . import harness
 from .harness import START_TIMEOUT, Ports, devkit, kill_daemons_of
@@ -82,9 +84,15 @@ def own_roots(tmp_path_factory, host, pillar_dir):
 
 
 def sync_pillar(pillar_dir, section):
-    """Copy the pillar the control minions read into every master's own ``pillar_roots``."""
-    for master in section["masters"]:
-        shutil.copytree(pillar_dir, master["pillar_roots"]["base"][0], dirs_exist_ok=True)
+    """
+    Copy the pillar the control minions read into every master's own ``pillar_roots``: the
+    masters of ``section`` and any other beside them (a removed master still serves pillar
+    until it stops, and a minion behind the balancer may ask it).
+    """
+    roots = {pathlib.Path(m["pillar_roots"]["base"][0]) for m in section["masters"]}
+    roots |= set(pillar_dir.parent.glob("pillar-*"))
+    for root in roots:
+        shutil.copytree(pillar_dir, root, dirs_exist_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -147,13 +155,29 @@ def cluster_set(salt_factories, tmp_path_factory):
         "file_roots": {"base": [str(formula)]},
         "pillar_roots": {"base": [str(pillar_dir)]},
     }
+
+    # The control minions run as daemons for the orchestrations, each connected to its own
+    # master (the balancer's minion to the first): Salt 3008.3 keeps a minion's session key in
+    # the cachedir of the master it signed in to, so with an isolated filesystem its pillar and
+    # file requests fail when a round-robin balancer hands them to another master. Jobs from
+    # any master reach them through the cluster. ``salt-call --local`` applies the formula on
+    # them as on a bare host.
+    def direct(host):
+        return {
+            **{k: v for k, v in local.items() if k != "file_client"},
+            **harness.minion_overrides(host, PORTS),
+        }
+
+    behind = direct(BALANCER)
     with contextlib.ExitStack() as stack:
         started = time.monotonic()
         cms = []
         for index, master in enumerate(masters):
-            cms.append(master.salt_minion_daemon(control_minion_id(index), overrides=local))
+            cms.append(
+                master.salt_minion_daemon(control_minion_id(index), overrides=direct(HOSTS[index]))
+            )
             apply_local(cms[-1], "multimaster.cluster")
-        lb = masters[0].salt_minion_daemon(f"{PREFIX}-lb", overrides=local)
+        lb = masters[0].salt_minion_daemon(f"{PREFIX}-lb", overrides=direct(HOSTS[0]))
         apply_local(lb, "multimaster.haproxy")
         # Read at teardown: a reload leaves a new haproxy behind the same pidfile.
         stack.callback(
@@ -173,19 +197,20 @@ def cluster_set(salt_factories, tmp_path_factory):
             lambda: cluster_formed(masters, pki_dirs), FORM_TIMEOUT, 2, "the cluster to form"
         )
         formed = time.monotonic() - started - applied
-        minions = []
-        for minion_id in MINIONS:
-            factory = masters[0].salt_minion_daemon(
+        minions = [
+            masters[0].salt_minion_daemon(
                 minion_id, overrides=harness.minion_overrides(BALANCER, PORTS)
             )
+            for minion_id in MINIONS
+        ]
+        for factory in [*minions, *cms, lb]:
             pub = harness.give_keypair(factory)
             # Key consistency is the tool's job in a cluster: accepted on every peer.
             for opts in mopts:
-                multimaster_keystore.write(opts, [(minion_id, "accepted", pub)])
+                multimaster_keystore.write(opts, [(factory.id, "accepted", pub)])
             stack.callback(kill_daemons_of, factory.config_dir)
             stack.callback(factory.terminate)
             factory.start(start_timeout=START_TIMEOUT)
-            minions.append(factory)
         print(f"\ncluster: formula applied in {applied:.1f} s, formed in {formed:.1f} s")
         yield {
             "masters": masters,
@@ -195,6 +220,7 @@ def cluster_set(salt_factories, tmp_path_factory):
             "section": section,
             "pillar_dir": pillar_dir,
             "local": local,
+            "behind": behind,
             "lb": lb,
             "lb_dir": lb_dir,
             "stack": stack,
@@ -203,15 +229,16 @@ def cluster_set(salt_factories, tmp_path_factory):
         }
 
 
-def answers(master, timeout=10):
-    """The minions that answer ``test.ping`` published by ``master``."""
+def answers(master, timeout=10, target=f"{PREFIX}-minion*"):
+    """The minions matching ``target`` that answer ``test.ping`` published by ``master``."""
     try:
         ret = master.salt_cli(timeout=timeout + 30).run(
-            f"--timeout={timeout}", "test.ping", minion_tgt=f"{PREFIX}-minion*"
+            f"--timeout={timeout}", "test.ping", minion_tgt=target
         )
     except harness.FactoryTimeout:
         return []
-    return sorted(k for k, v in (ret.data or {}).items() if v is True)
+    data = ret.data if isinstance(ret.data, dict) else {}
+    return sorted(k for k, v in data.items() if v is True)
 
 
 def test_jobs_from_each_master_reach_every_minion(cluster_set):
@@ -242,25 +269,37 @@ def test_status_understands_cluster_mode(cluster_set):
     assert report["retcode"] == 0
 
 
+def secret_leaks(cluster_set, secret, masters):
+    """
+    Files the daemons wrote that hold ``secret``, other than the 0600 ``master.d`` cluster file
+    of ``masters`` and Salt's own minion data cache on a master (3008 keeps each minion's
+    compiled pillar in ``<master cachedir>/pillar/<minion>.p``, 0600, readable by the master's
+    user only, as its config is). Asserts those copies are 0600.
+    """
+    allowed = set()
+    for master in masters:
+        path = pathlib.Path(master.config_dir) / "master.d" / "multimaster-cluster.conf"
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert secret in path.read_text()
+        allowed.add(path)
+    daemons = pathlib.Path(cluster_set["factories"].root_dir)
+    for path in daemons.glob(f"*/cache/pillar/{PREFIX}-cm*.p"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        allowed.add(path)
+    return [
+        str(path)
+        for path in daemons.rglob("*")
+        if path.is_file() and path not in allowed and secret.encode() in path.read_bytes()
+    ]
+
+
 def test_the_secret_is_only_in_the_masters_0600_files(cluster_set):
     """
     After the formula ran and jobs went through every master, the planted secret is in each
-    master's 0600 ``master.d`` cluster file and nowhere else the daemons write: no log, job
-    cache, event, return, minion cache or proc file.
+    master's 0600 ``master.d`` cluster file (and Salt's 0600 pillar cache of the control
+    minions) and nowhere else the daemons write: no log, job cache, event, return or proc file.
     """
-    daemons = pathlib.Path(cluster_set["factories"].root_dir)
-    allowed = set()
-    for master in cluster_set["masters"]:
-        path = pathlib.Path(master.config_dir) / "master.d" / "multimaster-cluster.conf"
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600
-        assert SECRET in path.read_text()
-        allowed.add(path)
-    leaks = [
-        str(path)
-        for path in daemons.rglob("*")
-        if path.is_file() and path not in allowed and SECRET.encode() in path.read_bytes()
-    ]
-    assert not leaks
+    assert not secret_leaks(cluster_set, SECRET, cluster_set["masters"])
 
 
 def joiner_control_minion(cluster_set):
@@ -270,9 +309,8 @@ def joiner_control_minion(cluster_set):
     reach it, whose ``salt-call --local`` applies the formula as on a bare host. Made from a
     running master's factory, which is what confirms that a minion started.
     """
-    overrides = {k: v for k, v in cluster_set["local"].items() if k != "file_client"}
     cm = cluster_set["masters"][0].salt_minion_daemon(
-        control_minion_id(3), overrides={**overrides, **harness.minion_overrides(BALANCER, PORTS)}
+        control_minion_id(3), overrides=cluster_set["behind"]
     )
     pub = harness.give_keypair(cm)
     for opts in cluster_set["mopts"]:
@@ -398,28 +436,6 @@ def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minio
         )
 
 
-def test_one_master_stopped_the_others_still_reach_every_minion(cluster_set):
-    # One of the founding three (the joiner, if any, stays in the balancer and the cluster).
-    stopped = cluster_set["masters"][1]
-    stopped.terminate()
-    kill_daemons_of(stopped.config_dir)
-    cluster_set["stopped"].add(stopped.id)
-    for master in cluster_set["masters"]:
-        if master is stopped:
-            continue
-        harness.wait_for(
-            lambda m=master: answers(m) == sorted(MINIONS),
-            180,
-            2,
-            f"every minion to answer {master.id} with {stopped.id} down",
-        )
-    # status names the stopped master's ports as down and fails.
-    ret = cluster_status(cluster_set["masters"][0])
-    assert ret.returncode == 1, ret
-    assert ret.data["backends_down"] == [stopped.id]
-    assert ret.data["balancer"] == {"publish": True, "ret": True}
-
-
 def running(cluster_set):
     """
     ``[(factory, opts)]`` of the masters not stopped by a test (the formula restarted most of
@@ -540,3 +556,132 @@ def test_every_master_restarted_at_once_is_ready_again_after_cluster_ready(clust
             2,
             f"every minion to answer {master.id} after the restart",
         )
+    # The control minions the removal orchestration drives are back with their masters too.
+    controls = sorted([cluster_set["lb"].id, *(control_minion_id(i) for i in range(len(live)))])
+    harness.wait_for(
+        lambda: answers(first, target=f"{PREFIX}-[cl]*") == controls,
+        180,
+        2,
+        "every control minion to answer after the restart",
+    )
+
+
+def remove_joiner(cluster_set, joiner, **extra):
+    pillar = {
+        "multimaster_remove": JOINER,
+        "multimaster_remove_minion_id": control_minion_id(3),
+        "multimaster_remove_config_dir": str(joiner.config_dir),
+        "multimaster_balancer_minion": cluster_set["lb"].id,
+        "multimaster_rotate_secret": True,
+        **extra,
+    }
+    return devkit.salt_cli(
+        "salt-run", cluster_set["masters"][0].config_dir, "state.orch",
+        "multimaster.orch.remove_master", "pillar=" + json.dumps(pillar), timeout=900,
+    )  # fmt: skip
+
+
+def test_remove_master_drains_stops_forgets_it_and_the_old_secret_cannot_rejoin(cluster_set):
+    """
+    The joiner taken out of pillar, a new secret in pillar: ``multimaster.orch.remove_master``
+    drains it from the balancer, stops it, deletes ``peers/<it>.pub`` on every other master and
+    restarts them with the new secret; their jobs still reach every minion. Started afresh with
+    the old secret, it is refused by the peers and gets no key back. Asked to rotate while
+    pillar still holds the old secret, the orchestration refuses before the master is touched.
+    """
+    masters = cluster_set["masters"]
+    joiner = next(m for m in masters if m.id == JOINER)
+    remaining, mopts = [m for m in masters if m is not joiner], cluster_set["mopts"]
+    peer_keys = [pathlib.Path(o["cluster_pki_dir"]) / "peers" / f"{JOINER}.pub" for o in mopts]
+    # The founders' section: the three of them (the joiner test put the joiner in pillar).
+    devkit.write_config(
+        cluster_set["pillar_dir"] / "multimaster.sls", {"multimaster": cluster_set["section"]}
+    )
+    sync_pillar(cluster_set["pillar_dir"], cluster_set["section"])
+    before = harness.read_pid(joiner.config["pidfile"])
+    assert before and all(p.exists() for p in peer_keys)
+
+    refused = remove_joiner(cluster_set, joiner)
+    assert refused.returncode != 0
+    assert list(harness.failed_steps(refused)) == ["multimaster-orch-remove-master-peer-checked"]
+    assert "put a new secret in pillar" in refused.stdout
+    # Drained (pillar no longer lists it), but neither stopped nor forgotten.
+    assert JOINER not in (cluster_set["lb_dir"] / "haproxy.cfg").read_text()
+    assert harness.read_pid(joiner.config["pidfile"]) == before
+    assert all(p.exists() for p in peer_keys)
+
+    new_secret = "cluster-secret-rotated-" + "4b1d" * 8
+    devkit.write_config(
+        cluster_set["pillar_dir"] / "cluster_secret.sls",
+        {"multimaster": {"cluster": {"secret": new_secret}}},
+    )
+    sync_pillar(cluster_set["pillar_dir"], cluster_set["section"])
+    started = time.monotonic()
+    ret = remove_joiner(cluster_set, joiner)
+    assert ret.returncode == 0, harness.failed_steps(ret)
+    print(f"\nremove_master (cluster): {time.monotonic() - started:.1f} s")
+    masters.remove(joiner)
+    config = (cluster_set["lb_dir"] / "haproxy.cfg").read_text()
+    assert JOINER not in config
+    assert harness.read_pid(joiner.config["pidfile"]) is None
+    assert not any(p.exists() for p in peer_keys)
+    for master in remaining:
+        path = pathlib.Path(master.config_dir) / "master.d" / "multimaster-cluster.conf"
+        cluster_opts = yaml.safe_load(path.read_text())
+        assert JOINER not in cluster_opts["cluster_peers"]
+        assert cluster_opts["cluster_secret"] == new_secret
+    for master in remaining:
+        harness.wait_for(
+            lambda m=master: answers(m) == sorted(MINIONS),
+            180,
+            2,
+            f"every minion to answer {master.id} after the removal",
+        )
+    print(f"members after the removal: {members(remaining[0])}")
+    # The new secret went through pillar, states and restarts: only in the 0600 files.
+    assert not secret_leaks(cluster_set, new_secret, remaining)
+
+    # Started as a new master with the old secret, the removed master is turned away.
+    shutil.rmtree(joiner.config["cachedir"])
+    logs = [pathlib.Path(m.config["log_file"]) for m in remaining]
+    seen = [log.stat().st_size for log in logs]
+    joiner.start(start_timeout=START_TIMEOUT)
+    try:
+        harness.wait_for(
+            lambda: any(
+                b"Cluster secret invalid" in log.read_bytes()[offset:]
+                for log, offset in zip(logs, seen, strict=True)
+            ),
+            FORM_TIMEOUT,
+            2,
+            f"a peer to refuse {JOINER}'s join with the old secret",
+        )
+        time.sleep(5)
+        assert not any(p.exists() for p in peer_keys)
+        assert not list(pathlib.Path(joiner.config["cachedir"]).glob(".cluster_joined*"))
+        assert answers(joiner, timeout=5) == []
+    finally:
+        joiner.terminate()
+        kill_daemons_of(joiner.config_dir)
+
+
+def test_one_master_stopped_the_others_still_reach_every_minion(cluster_set):
+    # One of the founding three (the joiner, if any, stays in the balancer and the cluster).
+    stopped = cluster_set["masters"][1]
+    stopped.terminate()
+    kill_daemons_of(stopped.config_dir)
+    cluster_set["stopped"].add(stopped.id)
+    for master in cluster_set["masters"]:
+        if master is stopped:
+            continue
+        harness.wait_for(
+            lambda m=master: answers(m) == sorted(MINIONS),
+            180,
+            2,
+            f"every minion to answer {master.id} with {stopped.id} down",
+        )
+    # status names the stopped master's ports as down and fails.
+    ret = cluster_status(cluster_set["masters"][0])
+    assert ret.returncode == 1, ret
+    assert ret.data["backends_down"] == [stopped.id]
+    assert ret.data["balancer"] == {"publish": True, "ret": True}
