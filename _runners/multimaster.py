@@ -1521,7 +1521,7 @@ def share_peer_keys(masters=None, test=False, timeout=60):
         unknown = sorted(set(targets) - set(_ids(section)))
         if unknown:
             raise Refused(f"masters={unknown}: not in multimaster:masters {_ids(section)}")
-    except Refused as exc:
+    except SaltInvocationError as exc:
         return _refused(exc)
     keys, not_here = _own_peer_keys(section)
     answers, errors = _call(section, targets, "cluster_peer_keys", {}, timeout, _peer_keys_check)
@@ -1569,9 +1569,9 @@ def cluster_ready(timeout=120, interval=1):
     ``<cachedir>/health/ready``: its Raft has applied the entry naming it a voter). While it
     has started but is not ready, propose a no-op Raft entry every 5 s
     (``cluster.route_clear data_type=multimaster``): a Raft leader elected after a restart
-    commits nothing of its own otherwise, and no master would open its request gate. What
-    ``multimaster.orch.remove_master`` runs after restarting masters; run it by hand after
-    restarting every master of a cluster.
+    commits nothing of its own otherwise, and no master would open its request gate. Run it
+    after restarting every master of a cluster; ``wait_masters`` (what the orchestrations run
+    after restarting masters) proposes the same entry while it waits.
 
     timeout
         Seconds to wait in all.
@@ -1589,7 +1589,7 @@ def cluster_ready(timeout=120, interval=1):
         section = _section()
         if section["mode"] != "cluster":
             raise Refused(f"mode is {section['mode']!r}: readiness is a cluster matter")
-    except Refused as exc:
+    except SaltInvocationError as exc:
         return _refused(exc)
     start, nudges, next_nudge = time.monotonic(), 0, 0.0
     while not _health_sentinel("ready"):

@@ -604,3 +604,12 @@ def test_wait_masters_in_a_cluster_proposes_a_raft_entry_every_5_s_while_waiting
     use({"cm1": {"settled": True}, "cm2": {"settled": True}})
     assert runner.wait_masters(timeout=12, interval=1)["retcode"] == 0
     assert fired == []
+
+
+def test_cluster_ready_refuses_a_malformed_section(runner, monkeypatch):
+    def broken(*_, **__):
+        raise runner.multimaster_settings.SettingsError("multimaster:mode: got 'x'; expected ...")
+
+    monkeypatch.setattr(runner, "_section", broken)
+    ret = runner.cluster_ready(timeout=0)
+    assert ret["retcode"] == 1 and "multimaster:mode: got 'x'" in ret["comment"], ret
