@@ -585,7 +585,8 @@ def wait_masters(timeout=180, interval=1, skip=None):
                 {"comment": f"not settled after {timeout}s", "masters": last, "waited": waited},
                 True,
             )
-        if section["mode"] == "cluster" and waited >= next_nudge:
+        cluster = section["mode"] == "cluster"
+        if cluster and waited >= next_nudge and _started_master() is not None:
             # A restarted master may have won the election: see cluster_ready.
             _nudge_raft()
             next_nudge = waited + READY_NUDGE_INTERVAL
@@ -619,13 +620,13 @@ REPLAY_ATTEMPTS = 5
 REPLAY_INTERVAL = 1.0
 
 
-def _fire_on_own_bus(data, tag):
+def _fire_on_own_bus(data, tag, attempts=REPLAY_ATTEMPTS):
     """
     Fire ``data`` on this master's event bus, a fresh connection per attempt: a ``salt-key -r``
     makes Salt rotate this master's AES key at the same moment, and its publisher has been seen
     to close the connection mid-rotation (``StreamClosedError``). True once it was taken.
     """
-    for attempt in range(REPLAY_ATTEMPTS):
+    for attempt in range(attempts):
         if attempt:
             time.sleep(REPLAY_INTERVAL)
         try:
@@ -1539,25 +1540,41 @@ def share_peer_keys(masters=None, test=False, timeout=60):
 
 # Salt 3008.3's Raft leader appends nothing when elected and commits only entries of its own
 # term, so after a restart that ends in an election (every master restarted, or a restarted
-# master winning) the CONFIG entries naming the voters are never applied again: no master
-# marks itself ready (``<cachedir>/health/ready``) and each defers minion and CLI requests.
-# ``cluster.route_clear`` proposes a ROUTE entry, sending this name's writes to every master
-# (what an unrouted name gets anyway); Salt carries it to whichever master leads, and once
-# it commits the older entries apply with it.
+# master winning) the CONFIG entries naming the voters are never applied again: the restarted
+# masters never mark themselves ready (``<cachedir>/health/ready``) and defer minion and CLI
+# requests. ``cluster.route_clear`` proposes a ROUTE entry, sending this name's writes to every
+# master (what an unrouted name gets anyway); Salt carries it to whichever master leads, and
+# once it commits the older entries apply with it. Each proposal is one small entry in every
+# master's Raft log, and the masters that do not lead log an error for it: proposed only while
+# a master is not ready or not settled.
 READY_NUDGE_ROUTE = "multimaster"
 READY_NUDGE_INTERVAL = 5.0
 
 
-def _health_sentinel(name):
-    return os.path.isfile(os.path.join(__opts__["cachedir"], "health", name))
+def _started_master():
+    """
+    When this master's running salt-master started (epoch seconds) if it has written Salt's
+    ``startup`` sentinel since, else None. Salt clears ``<cachedir>/health`` only when a master
+    starts: a sentinel older than the process is a previous run's.
+    """
+    config_dir = os.path.dirname(__opts__.get("conf_file") or "")
+    since = multimaster_daemon.running_since(__opts__["pidfile"], "salt-master", config_dir)
+    return since if since is not None and _health_sentinel("startup", since) else None
+
+
+def _health_sentinel(name, since):
+    try:
+        return os.path.getmtime(os.path.join(__opts__["cachedir"], "health", name)) >= since
+    except OSError:
+        return False
 
 
 def _nudge_raft():
     """
-    Propose the no-op Raft entry (fired on this master's bus, carried to the leader). 1 when
-    the bus took it, else 0.
+    Propose the no-op Raft entry (fired on this master's bus, carried to the leader), once. 1
+    when the bus took it, else 0.
     """
-    if _fire_on_own_bus({"data_type": READY_NUDGE_ROUTE}, "cluster/runner/route_clear"):
+    if _fire_on_own_bus({"data_type": READY_NUDGE_ROUTE}, "cluster/runner/route_clear", 1):
         log.info("multimaster: proposed a no-op Raft entry so that restarted masters get ready")
         return 1
     return 0
@@ -1565,13 +1582,13 @@ def _nudge_raft():
 
 def cluster_ready(timeout=120, interval=1):
     """
-    Mode cluster: wait until this master is ready to serve (Salt's readiness sentinel
-    ``<cachedir>/health/ready``: its Raft has applied the entry naming it a voter). While it
-    has started but is not ready, propose a no-op Raft entry every 5 s
-    (``cluster.route_clear data_type=multimaster``): a Raft leader elected after a restart
-    commits nothing of its own otherwise, and no master would open its request gate. Run it
-    after restarting every master of a cluster; ``wait_masters`` (what the orchestrations run
-    after restarting masters) proposes the same entry while it waits.
+    Mode cluster: propose a no-op Raft entry (``cluster.route_clear data_type=multimaster``),
+    then every 5 s until this master is ready to serve (Salt's readiness sentinel
+    ``<cachedir>/health/ready``, written since it started: its Raft has applied the entry naming
+    it a voter). A Raft leader elected after a restart commits nothing of its own otherwise, and
+    the restarted masters never open their request gate. Run it on any master after restarting
+    masters of a cluster; ``wait_masters`` (what the orchestrations run after restarting
+    masters) proposes the same entry while masters are not settled.
 
     timeout
         Seconds to wait in all.
@@ -1592,19 +1609,21 @@ def cluster_ready(timeout=120, interval=1):
     except SaltInvocationError as exc:
         return _refused(exc)
     start, nudges, next_nudge = time.monotonic(), 0, 0.0
-    while not _health_sentinel("ready"):
+    while True:
         waited = time.monotonic() - start
+        since = _started_master()
+        # Proposed even when this master is ready: a restarted peer that won may need it.
+        if since is not None and waited >= next_nudge:
+            nudges += _nudge_raft()
+            next_nudge = waited + READY_NUDGE_INTERVAL
+        if since is not None and _health_sentinel("ready", since):
+            return _finish({"ready": True, "waited": round(waited, 1), "nudges": nudges}, False)
         if waited > float(timeout):
             return _finish(
                 {"ready": False, "comment": f"not ready after {timeout}s", "nudges": nudges},
                 True,
             )
-        if _health_sentinel("startup") and waited >= next_nudge:
-            nudges += _nudge_raft()
-            next_nudge = waited + READY_NUDGE_INTERVAL
         time.sleep(float(interval))
-    waited = round(time.monotonic() - start, 1)
-    return _finish({"ready": True, "waited": waited, "nudges": nudges}, False)
 
 
 def _job_cache_status(reports, reachable):

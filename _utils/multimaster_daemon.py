@@ -105,6 +105,18 @@ def verified_pid(pidfile, daemon, config_dir):
     return proc.pid if proc else None
 
 
+def running_since(pidfile, daemon, config_dir):
+    """
+    When the verified ``daemon`` of ``config_dir`` recorded in ``pidfile`` started, in epoch
+    seconds (the scale of file times), or None when none runs.
+    """
+    proc, _ = _recorded_daemon(pidfile, daemon, config_dir)
+    try:
+        return proc.create_time() if proc else None
+    except psutil.Error:
+        return None
+
+
 def _recorded_daemon(pidfile, daemon, config_dir):
     """
     ``(process, None)`` when ``pidfile`` names a verified ``daemon`` of ``config_dir``;

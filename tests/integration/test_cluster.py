@@ -525,6 +525,9 @@ def test_every_master_restarted_at_once_is_ready_again_after_cluster_ready(clust
     for master, _ in live:
         kill_daemons_of(master.config_dir)
     health = {m.id: pathlib.Path(o["cachedir"]) / "health" for m, o in live}
+    # Salt clears these only once a master is up: a stopped master's would be read as fresh.
+    for sentinels in health.values():
+        shutil.rmtree(sentinels, ignore_errors=True)
     for master, _ in live:
         subprocess.Popen(  # noqa: S603  (our own venv's salt-master, daemonizing)
             devkit.salt_command("salt-master", master.config_dir, "-d"),
@@ -539,6 +542,7 @@ def test_every_master_restarted_at_once_is_ready_again_after_cluster_ready(clust
     )
     before = {m: (h / "ready").exists() for m, h in health.items()}
     print(f"\nready before cluster_ready: {before}")
+    assert not any(before.values()), before
     first = live[0][0]
     ret = devkit.salt_cli(
         "salt-run", first.config_dir, "multimaster.cluster_ready", "timeout=120", timeout=180
@@ -547,7 +551,7 @@ def test_every_master_restarted_at_once_is_ready_again_after_cluster_ready(clust
     assert ret.data["ready"] is True, ret
     print(f"cluster_ready: {ret.data}")
     harness.wait_for(
-        lambda: all((h / "ready").exists() for h in health.values()), 60, 1, "every master ready"
+        lambda: all((h / "ready").exists() for h in health.values()), 120, 1, "every master ready"
     )
     for master, _ in live:
         harness.wait_for(

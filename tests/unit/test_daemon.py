@@ -442,3 +442,9 @@ def test_systemd_service_of_a_non_service_process(child):
     # Not a systemd unit's main process (or no systemd at all): treated as a plain daemon.
     proc = child()
     assert multimaster_daemon.systemd_service_of(proc.pid, "salt-minion") is None
+
+
+def test_running_since_is_none_without_a_running_daemon(tmp_path):
+    assert multimaster_daemon.running_since(str(tmp_path / "none.pid"), "salt-master", "/") is None
+    (tmp_path / "stale.pid").write_text("999999999")
+    assert multimaster_daemon.running_since(str(tmp_path / "stale.pid"), "salt-master", "/") is None

@@ -528,57 +528,83 @@ class FakeClock:
 @pytest.fixture
 def health(runner, monkeypatch, tmp_path):
     """
-    A cluster master whose ``<cachedir>/health`` is ``tmp_path/health``; the events fired on its
-    bus are recorded, and ``on_fire`` (set by a test) runs on each.
+    A cluster master whose ``<cachedir>/health`` is ``tmp_path/health``, its salt-master running
+    since ``state["since"]`` (None: not running); the events fired on its bus are recorded, the
+    bus takes them while ``state["takes"]``, and ``state["on_fire"]`` (if set) runs on each.
     """
     monkeypatch.setattr(runner, "_section", lambda *a, **k: {"mode": "cluster"})
     monkeypatch.setitem(runner.__opts__, "cachedir", str(tmp_path))
     monkeypatch.setitem(runner.__opts__, "sock_dir", str(tmp_path))
+    monkeypatch.setitem(runner.__opts__, "pidfile", str(tmp_path / "salt-master.pid"))
     monkeypatch.setattr(runner, "time", FakeClock())
     (tmp_path / "health").mkdir()
-    fired = []
+    state = {"since": 0.0, "takes": True, "on_fire": None, "fired": []}
+    monkeypatch.setattr(runner.multimaster_daemon, "running_since", lambda *a, **k: state["since"])
 
     class Bus:
-        on_fire = None
-
         def fire_event(self, data, tag):
-            fired.append((tag, data))
-            if Bus.on_fire:
-                Bus.on_fire()
-            return True
+            state["fired"].append((tag, data))
+            if state["on_fire"]:
+                state["on_fire"]()
+            return state["takes"]
 
     monkeypatch.setattr(
         runner.salt.utils.event, "get_master_event", lambda *a, **k: contextlib.nullcontext(Bus())
     )
-    return tmp_path / "health", fired, Bus
+    return tmp_path / "health", state
+
+
+NUDGE = ("cluster/runner/route_clear", {"data_type": "multimaster"})
 
 
 def test_cluster_ready_proposes_a_raft_entry_until_the_master_is_ready(runner, health):
     """
-    Started but not ready: a no-op ROUTE entry is proposed through Salt's own runner event;
-    once the readiness sentinel appears it returns ready.
+    Started but not ready: a no-op ROUTE entry is proposed through Salt's own runner event
+    every 5 s; once the readiness sentinel appears it returns ready.
     """
-    sentinels, fired, bus = health
+    sentinels, state = health
     (sentinels / "startup").write_text("1")
-    bus.on_fire = lambda: (sentinels / "ready").write_text("1")
-    ret = runner.cluster_ready(timeout=60, interval=0)
-    assert ret["retcode"] == 0 and ret["ready"] is True and ret["nudges"] == 1, ret
-    assert fired == [("cluster/runner/route_clear", {"data_type": "multimaster"})]
+
+    def ready_on_second():
+        if len(state["fired"]) == 2:
+            (sentinels / "ready").write_text("1")
+
+    state["on_fire"] = ready_on_second
+    ret = runner.cluster_ready(timeout=60, interval=1)
+    assert ret["retcode"] == 0 and ret["ready"] is True and ret["nudges"] == 2, ret
+    assert state["fired"] == [NUDGE, NUDGE] and ret["waited"] == 5.0
 
 
-def test_cluster_ready_does_not_nudge_a_master_that_has_not_started(runner, health):
-    sentinels, fired, _ = health
-    ret = runner.cluster_ready(timeout=0, interval=0)
-    assert ret["retcode"] == 1 and ret["ready"] is False and "not ready after" in ret["comment"]
-    assert fired == []
-
-
-def test_cluster_ready_returns_at_once_for_a_ready_master(runner, health):
-    sentinels, fired, _ = health
+def test_cluster_ready_proposes_once_even_when_this_master_is_ready(runner, health):
+    """A restarted peer that won the election needs the entry even if this master never fell."""
+    sentinels, state = health
     (sentinels / "startup").write_text("1")
     (sentinels / "ready").write_text("1")
     ret = runner.cluster_ready(timeout=0, interval=0)
-    assert ret["retcode"] == 0 and ret["nudges"] == 0 and fired == []
+    assert ret["retcode"] == 0 and ret["nudges"] == 1 and state["fired"] == [NUDGE], ret
+
+
+@pytest.mark.parametrize("since", [None, 4e9], ids=["not running", "sentinels of a previous run"])
+def test_cluster_ready_neither_proposes_nor_trusts_sentinels_without_a_running_master(
+    runner, health, since
+):
+    sentinels, state = health
+    (sentinels / "startup").write_text("1")
+    (sentinels / "ready").write_text("1")
+    state["since"] = since
+    ret = runner.cluster_ready(timeout=3, interval=1)
+    assert ret["retcode"] == 1 and ret["ready"] is False and "not ready after" in ret["comment"]
+    assert state["fired"] == []
+
+
+def test_cluster_ready_tries_again_when_the_bus_refuses(runner, health):
+    """One attempt per proposal (every 5 s); a refusing bus is not counted and not fatal."""
+    sentinels, state = health
+    (sentinels / "startup").write_text("1")
+    state["takes"] = False
+    ret = runner.cluster_ready(timeout=12, interval=1)
+    assert ret["retcode"] == 1 and ret["nudges"] == 0, ret
+    assert state["fired"] == [NUDGE] * 3
 
 
 def test_cluster_ready_refuses_outside_mode_cluster(runner, use):
@@ -587,29 +613,38 @@ def test_cluster_ready_refuses_outside_mode_cluster(runner, use):
     assert ret["retcode"] == 1 and "readiness is a cluster matter" in ret["comment"], ret
 
 
-def test_wait_masters_in_a_cluster_proposes_a_raft_entry_every_5_s_while_waiting(
-    runner, use, health, monkeypatch
-):
-    """
-    A restarted master that won the election would keep every restarted master's gate shut:
-    while masters are not settled, a no-op entry is proposed every 5 s, none once they are.
-    """
-    _, fired, _ = health
-    monkeypatch.setattr(runner, "_section", lambda *a, **k: dict(SECTION, mode="cluster"))
-    use({"cm1": {"settled": True}, "cm2": {"up": False}})
-    ret = runner.wait_masters(timeout=12, interval=1)
-    assert ret["retcode"] == 1, ret
-    assert [tag for tag, _ in fired] == ["cluster/runner/route_clear"] * 2
-    fired.clear()
-    use({"cm1": {"settled": True}, "cm2": {"settled": True}})
-    assert runner.wait_masters(timeout=12, interval=1)["retcode"] == 0
-    assert fired == []
-
-
-def test_cluster_ready_refuses_a_malformed_section(runner, monkeypatch):
+@pytest.mark.parametrize("function", ["cluster_ready", "share_peer_keys"])
+def test_a_malformed_section_is_refused(runner, monkeypatch, function):
     def broken(*_, **__):
         raise runner.multimaster_settings.SettingsError("multimaster:mode: got 'x'; expected ...")
 
     monkeypatch.setattr(runner, "_section", broken)
-    ret = runner.cluster_ready(timeout=0)
+    ret = getattr(runner, function)()
     assert ret["retcode"] == 1 and "multimaster:mode: got 'x'" in ret["comment"], ret
+
+
+@pytest.mark.parametrize(
+    "mode, since, proposals",
+    [("cluster", 0.0, 2), ("cluster", None, 0), ("hot", 0.0, 0)],
+    ids=["cluster", "cluster, this master down", "hot"],
+)
+def test_wait_masters_proposes_a_raft_entry_every_5_s_only_in_a_cluster(
+    runner, use, health, monkeypatch, mode, since, proposals
+):
+    """
+    A restarted master that won the election would keep the restarted masters' gates shut:
+    in a cluster, while masters are not settled and this master runs, a no-op entry is
+    proposed every 5 s; none once they are settled, none in other modes.
+    """
+    sentinels, state = health
+    (sentinels / "startup").write_text("1")
+    state["since"] = since
+    monkeypatch.setattr(runner, "_section", lambda *a, **k: dict(SECTION, mode=mode))
+    use({"cm1": {"settled": True}, "cm2": {"up": False}})
+    ret = runner.wait_masters(timeout=12, interval=1)
+    assert ret["retcode"] == 1, ret
+    assert state["fired"] == [NUDGE] * proposals
+    state["fired"].clear()
+    use({"cm1": {"settled": True}, "cm2": {"settled": True}})
+    assert runner.wait_masters(timeout=12, interval=1)["retcode"] == 0
+    assert state["fired"] == []
