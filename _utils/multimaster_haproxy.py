@@ -24,10 +24,25 @@ HEADER = (
 )
 _SERVER_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]+\Z")
 CHECK_TIMEOUT = 30
+HARD_STOP_AFTER = 5
 
 
 def _server_name(index, master):
     return master["id"] if _SERVER_NAME_RE.match(master["id"]) else f"master{index + 1}"
+
+
+def request_balance(cluster):
+    """
+    How the request port spreads connections: ``[algorithm, extra option…]``. With an isolated
+    filesystem Salt 3008.3 keeps a minion's session key only on the master it signed in to, and
+    the minion opens a new connection for each sign-in, pillar and file request: they must all
+    reach that master, so the port hashes the minion's address (consistent hashing, so adding or
+    losing a master moves only the minions that hashed to it). With a shared filesystem any
+    master reads the session and round robin spreads best.
+    """
+    if cluster["isolated_filesystem"]:
+        return ["source", "hash-type consistent"]
+    return ["roundrobin"]
 
 
 def config_text(settings):
@@ -46,6 +61,10 @@ def config_text(settings):
         "global",
         # Each minion holds two connections (publish, return): at least twice the fleet.
         f"    maxconn {haproxy['maxconn']}",
+        # A reload must not leave minions on the old process: its connections keep the old
+        # backends, so a minion whose address now hashes to another master would sign in there
+        # and send its returns to the old one. Cut them; the minions reconnect at once.
+        f"    hard-stop-after {HARD_STOP_AFTER}s",
         "",
         "defaults",
         "    mode tcp",
@@ -54,9 +73,9 @@ def config_text(settings):
         "    timeout client 1m",
         "    timeout server 1m",
     ]
-    for name, port, timeout in (
-        ("salt-master-pub", ports["publish"], session),
-        ("salt-master-req", ports["ret"], "1m"),
+    for name, port, timeout, balance in (
+        ("salt-master-pub", ports["publish"], session, ["roundrobin"]),
+        ("salt-master-req", ports["ret"], "1m", request_balance(cluster)),
     ):
         lines += [
             "",
@@ -66,7 +85,8 @@ def config_text(settings):
             f"    default_backend {name}",
             "",
             f"backend {name}",
-            "    balance roundrobin",
+            f"    balance {balance[0]}",
+            *(f"    {option}" for option in balance[1:]),
             f"    timeout server {timeout}",
         ]
         lines += [

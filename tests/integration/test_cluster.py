@@ -157,11 +157,9 @@ def cluster_set(salt_factories, tmp_path_factory):
     }
 
     # The control minions run as daemons for the orchestrations, each connected to its own
-    # master (the balancer's minion to the first): Salt 3008.3 keeps a minion's session key in
-    # the cachedir of the master it signed in to, so with an isolated filesystem its pillar and
-    # file requests fail when a round-robin balancer hands them to another master. Jobs from
-    # any master reach them through the cluster. ``salt-call --local`` applies the formula on
-    # them as on a bare host.
+    # master (the balancer's minion to the first), as the README advises: a master's own
+    # minions must not depend on the balancer. Jobs from any master reach them through the
+    # cluster. ``salt-call --local`` applies the formula on them as on a bare host.
     def direct(host):
         return {
             **{k: v for k, v in local.items() if k != "file_client"},
@@ -248,6 +246,26 @@ def test_jobs_from_each_master_reach_every_minion(cluster_set):
             2,
             f"every minion to answer {master.id}",
         )
+
+
+def test_minions_behind_the_balancer_get_their_pillar_at_every_request(cluster_set):
+    """
+    Each ``pillar.items`` compiles pillar over a new connection through the balancer: with an
+    isolated filesystem it must reach the master the minion signed in to, or Salt answers
+    "Master did not return a session key" (what round robin did to starting minions).
+    """
+    first = cluster_set["masters"][0]
+    for _ in range(5):
+        ret = first.salt_cli(timeout=60).run(
+            "pillar.items", "unmask=True", minion_tgt=f"{PREFIX}-minion*"
+        )
+        assert ret.returncode == 0, ret
+        assert {m: p["multimaster"]["mode"] for m, p in ret.data.items()} == dict.fromkeys(
+            MINIONS, "cluster"
+        )
+    for minion in cluster_set["minions"]:
+        log = pathlib.Path(minion.config["log_file"]).read_text()
+        assert "did not return a session key" not in log, minion.id
 
 
 def cluster_status(master):

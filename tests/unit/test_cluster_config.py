@@ -96,6 +96,32 @@ def test_haproxy_config_has_every_master_and_haproxy_accepts_it(defaults, tmp_pa
     assert valid, output
 
 
+def backend(text, name):
+    """The lines of HAProxy backend ``name`` in ``text``."""
+    block = text.split(f"\nbackend {name}\n", 1)[1].split("\n\n", 1)[0]
+    return [line.strip() for line in block.splitlines()]
+
+
+@pytest.mark.parametrize(
+    "isolated, req_balance",
+    [(True, ["balance source", "hash-type consistent"]), (False, ["balance roundrobin"])],
+)
+def test_requests_of_one_minion_stay_on_one_master_when_sessions_are_not_shared(
+    defaults, tmp_path, isolated, req_balance
+):
+    # Isolated filesystems: a minion's session key is only on the master it signed in to, so
+    # every request connection of that minion must reach the same master.
+    text = mh.config_text(cluster(defaults, cluster={"isolated_filesystem": isolated}))
+    assert backend(text, "salt-master-req")[: len(req_balance)] == req_balance
+    assert backend(text, "salt-master-pub")[0] == "balance roundrobin"
+    # A reload cuts the old process's connections: no minion keeps the old hashing.
+    assert f"    hard-stop-after {mh.HARD_STOP_AFTER}s\n" in text
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(text)
+    valid, output = mh.check(str(path))
+    assert valid, output
+
+
 def test_a_config_haproxy_refuses_never_replaces_the_live_one(defaults, tmp_path):
     path = tmp_path / "haproxy.cfg"
     good = mh.config_text(cluster(defaults))
