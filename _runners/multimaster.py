@@ -220,11 +220,12 @@ def _inventory_check(kind):
 def _inventories(section, timeout, ids=None):
     """
     Entries and pubs of every master, fetched only where digests differ (or for ``ids``).
-    Returns ``{"inventories", "pubs", "bindings", "errors", "repair", "totals"}`` (``totals``:
-    each master's key count, when digests were read).
+    Returns ``{"inventories", "pubs", "bindings", "errors", "repair", "totals", "keyless"}``
+    (``totals``: each master's key count, when digests were read; ``keyless``: the masters whose
+    entries came without their keys).
     """
     masters = _ids(section)
-    found = {"bindings": {}, "errors": {}, "repair": [], "totals": None}
+    found = {"bindings": {}, "errors": {}, "repair": [], "totals": None, "keyless": []}
     if ids is None:
         digests, found["errors"] = _call(
             section, masters, "key_inventory", {}, timeout, _inventory_check("digests")
@@ -240,7 +241,9 @@ def _inventories(section, timeout, ids=None):
         differing = [
             b for b in sorted(buckets) if len({d["buckets"].get(b) for d in digests.values()}) > 1
         ]
-        kwarg = {"buckets": differing, "with_pubs": True}
+        # Peers send entries without keys: the keys a sync copies are nearly always this
+        # master's, and a key only a peer holds is fetched afterwards (``_missing_pubs``).
+        kwarg = {"buckets": differing, "with_pubs": False}
         # This master's own keys are read here, not returned by its control minion (at 10,000
         # keys that return is megabytes through the job return path); a master with no entry
         # in the differing buckets (a new one) has nothing to return. Both keep the challenge
@@ -263,12 +266,43 @@ def _inventories(section, timeout, ids=None):
     )
     found["errors"].update(errors)
     found["bindings"].update({m: asked[m]["binding"] for m in asked})
+    if not kwarg["with_pubs"]:
+        found["keyless"] = list(asked)
     full.update(asked)
     return dict(
         found,
         inventories={m: full[m]["entries"] for m in full},
         pubs={m: full[m]["pubs"] for m in full},
     )
+
+
+def _missing_pubs(section, plan, found, timeout):
+    """
+    Add to ``found`` the keys ``plan`` copies that no inventory carried (one only a peer holds),
+    asked by bucket (a bounded publish) from the masters that list those ids; their new
+    challenges replace the earlier ones. A master that fails is a per-master error, and the ids
+    whose key nobody reported are refused by ``attach_pubs``; a master that fails gets no
+    actions this run (the re-run converges).
+    """
+    missing = multimaster_keys.ids_without_pubs(plan, found["pubs"])
+    holders = [m for m in found["keyless"] if missing & set(found["inventories"][m])]
+    if not holders:
+        return
+    buckets = sorted({multimaster_keys.bucket_of(i) for i in missing})
+    asked, errors = _call(
+        section,
+        holders,
+        "key_inventory",
+        {"buckets": buckets, "with_pubs": True},
+        timeout,
+        _inventory_check("entries"),
+    )
+    found["errors"].update(errors)
+    for master in errors:
+        plan["actions"].pop(master, None)
+    for master, answer in asked.items():
+        found["bindings"][master] = answer["binding"]
+        found["pubs"][master] = {**found["pubs"].get(master, {}), **answer["pubs"]}
 
 
 def _own_inventory(buckets):
@@ -356,7 +390,9 @@ def _reconcile(section, plan_fn, timeout, test, ids=None, force=False):
     """
     found = _inventories(section, timeout, ids)
     errors = found["errors"]
-    plan = multimaster_keys.attach_pubs(plan_fn(found["inventories"]), found["pubs"])
+    plan = plan_fn(found["inventories"])
+    _missing_pubs(section, plan, found, timeout)
+    plan = multimaster_keys.attach_pubs(plan, found["pubs"])
     ret = {"masters": {}, **_summary(plan)}
     for master, error in errors.items():
         ret["masters"][master] = {"result": False, "error": error}

@@ -738,6 +738,18 @@ def attach_pubs(plan, pubs):
     return out
 
 
+def ids_without_pubs(plan, pubs):
+    """
+    The ids of ``plan``'s non-delete actions whose key (of that kind, with that fingerprint) no
+    master in ``pubs`` reported: what to fetch before ``attach_pubs``.
+    """
+    return {a["id"] for a in _non_deletes(plan) if not _reported(pubs, *_slot(a))}
+
+
+def _reported(pubs, minion_id, kind, fp):
+    return any(fingerprint(held.get(minion_id, {}).get(kind)) == fp for held in pubs.values())
+
+
 def _non_deletes(plan):
     for actions in plan["actions"].values():
         yield from (a for a in actions if a["op"] != "delete")

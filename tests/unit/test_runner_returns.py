@@ -486,9 +486,68 @@ def test_the_runners_own_master_is_read_here_not_returned_by_its_control_minion(
     entries["cm2"]["binding"] = M2_BINDING
     calls = recording_client(runner, monkeypatch, digests, entries)
     ret = runner.sync_keys(test=True)
-    assert calls == [(["cm1", "cm2"], {}), (["cm2"], {"buckets": [bucket], "with_pubs": True})]
+    # Entries without keys: the key the plan copies is this master's own.
+    assert calls == [(["cm1", "cm2"], {}), (["cm2"], {"buckets": [bucket], "with_pubs": False})]
     assert ret["masters"]["m2"]["planned"] == [{"id": "web", "op": "accept", "fp": fp}]
     assert ret["retcode"] == 0
+
+
+@pytest.mark.parametrize("peer_answers", [True, False], ids=["answers", "silent"])
+def test_a_key_only_a_peer_holds_is_fetched_from_it_by_bucket(
+    runner, monkeypatch, own_store, peer_answers
+):
+    """
+    A key rejected only on a peer is rejected everywhere, with the peer's key: the peers'
+    entries carry no keys, so the runner asks that peer for the keys of that id's bucket. A
+    peer that does not answer then is a per-master failure and nothing is planned for the id.
+    """
+    import multimaster_keys
+
+    from .keyfactory import pub_pem, rsa_private
+
+    pem, web_bucket = own_store
+    db_pem = multimaster_keys.canonical(pub_pem(rsa_private(tag=42)))
+    db_fp, db_bucket = multimaster_keys.fingerprint(db_pem), multimaster_keys.bucket_of("db")
+    buckets = sorted({web_bucket, db_bucket})
+    digests = {
+        "cm1": dict(GOOD_DIGESTS, digest="1" * 64, buckets={web_bucket: "1" * 16}, count=1),
+        "cm2": dict(
+            GOOD_DIGESTS, digest="2" * 64, buckets={db_bucket: "2" * 16}, binding=M2_BINDING
+        ),
+    }
+    entries = {"alive": True, "entries": {"db": ["rejected", db_fp]}, "binding": M2_BINDING}
+    calls = []
+
+    class Client:
+        def cmd(self, tgt, fun, kwarg=None, **_):
+            calls.append((sorted(tgt), kwarg))
+            if not kwarg:
+                return {m: {"ret": digests[m], "retcode": 0} for m in tgt}
+            if not kwarg["with_pubs"]:
+                return {"cm2": {"ret": dict(entries, pubs={}), "retcode": 0}}
+            pubs = {"db": {"key": db_pem}}
+            return {"cm2": {"ret": dict(entries, pubs=pubs), "retcode": 0}} if peer_answers else {}
+
+    monkeypatch.setattr(
+        runner.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(Client())
+    )
+    ret = runner.sync_keys(test=True)
+    assert calls == [
+        (["cm1", "cm2"], {}),
+        (["cm2"], {"buckets": buckets, "with_pubs": False}),
+        (["cm2"], {"buckets": [db_bucket], "with_pubs": True}),
+    ]
+    if peer_answers:
+        assert ret["masters"]["m1"]["planned"] == [{"id": "db", "op": "reject", "fp": db_fp}]
+        assert ret["retcode"] == 0
+    else:
+        # Nothing goes to a master that just failed to answer: the re-run converges.
+        assert ret["masters"]["m2"] == {
+            "result": False,
+            "error": "control minion cm2 did not answer",
+        }
+        assert "db" in ret["invalid_keys"] and not ret["masters"].get("m1", {}).get("planned")
+        assert ret["retcode"] == 1
 
 
 def test_a_master_without_keys_in_the_differing_buckets_is_not_asked(
