@@ -319,12 +319,20 @@ def start_now(stopped, daemon, config_dir):
         _spawn(stopped["command"] or daemon_command(daemon, config_dir))
 
 
+# A master restarted the moment the job that reconfigured it ended can drop that job's return:
+# the minion has its reply once a worker took the return, but the event still travels to the
+# master's event bus and on to whoever waits for it (an orchestration run on that very master).
+# Seen lost on a loaded machine, where 0.2 s separated the return event from the SIGTERM.
+MASTER_RETURN_GRACE = 3.0
+
+
 def schedule_restart(
     pidfile, service, daemon, config_dir, wait_pid=None, delay=0.0, wait_timeout=600
 ):
     """
     Restart the ``daemon`` of ``config_dir`` recorded in ``pidfile`` from a detached watcher once
-    ``wait_pid`` has ended (or ``wait_timeout`` seconds passed), ``delay`` seconds later.
+    ``wait_pid`` has ended (or ``wait_timeout`` seconds passed), ``delay`` seconds later (for a
+    salt-master at least ``MASTER_RETURN_GRACE``, so that the job's return reaches its bus).
 
     Returns a dict describing what was scheduled; ``{"scheduled": False, "reason": ...}`` when
     no verified daemon runs (image builds, ``salt-call --local`` on a host without the service).
@@ -338,6 +346,8 @@ def schedule_restart(
     if wait_pid == proc.pid:
         # The job runs inside the daemon itself (multiprocessing off): a delay is all we can do.
         wait_pid, delay = None, max(delay, 5.0)
+    elif wait_pid is not None and daemon == "salt-master":
+        delay = max(delay, MASTER_RETURN_GRACE)
     unit = systemd_service_of(proc.pid, service)
     command = None if unit else daemon_command(daemon, config_dir, proc.pid)
     spec = {

@@ -336,7 +336,7 @@ def failed_steps(ret):
     ``{step id: what it returned}`` of the orchestration steps that failed (for the message).
     """
     steps = {
-        step["__id__"]: str(step.get("changes") or step.get("comment"))[:3000]
+        step["__id__"]: f"{step.get('comment')} {step.get('changes') or ''}"[:3000]
         for step in devkit.orch_steps(ret.stdout)
         if step.get("result") is False
     }

@@ -635,9 +635,11 @@ def test_remove_master_drains_stops_forgets_it_and_the_old_secret_cannot_rejoin(
     sync_pillar(cluster_set["pillar_dir"], cluster_set["section"])
     started = time.monotonic()
     ret = remove_joiner(cluster_set, joiner)
+    # Out of the set whatever happened (the stack still stops it): the later tests then judge
+    # the three remaining masters, not a failure of this one.
+    masters.remove(joiner)
     assert ret.returncode == 0, harness.failed_steps(ret)
     print(f"\nremove_master (cluster): {time.monotonic() - started:.1f} s")
-    masters.remove(joiner)
     config = (cluster_set["lb_dir"] / "haproxy.cfg").read_text()
     assert JOINER not in config
     assert harness.read_pid(joiner.config["pidfile"]) is None
