@@ -145,6 +145,9 @@ def _call(section, masters, fun, kwarg, timeout, check=None):
         returns = multimaster_returns.cmd_returns(
             client, list(by_minion), f"{PEER}.{fun}", kwarg=kwarg, timeout=timeout
         )
+    # A recipient that pulled a transfer during this call has returned: its last pull's job
+    # (the last chunk) leaves the job cache.
+    multimaster_transport.settle(__opts__)
     log.info("multimaster: %s on %s: %.2fs", fun, sorted(masters), time.monotonic() - start)
     answers, errors = {}, {}
     for minion_id, master_id in by_minion.items():

@@ -7,8 +7,10 @@ runner function that master exposes to its control minions (``peer_run``, render
 
 Tickets are random, bound to the recipient's minion id, expire in minutes and are used up when
 the last chunk has been served: a replayed ticket, or one presented by another minion, is
-refused. The transport moves bytes; what must stay secret is sealed to the recipient before it
-is staged (``multimaster_seal``), so a chunk that lands in a job cache or an event is ciphertext.
+refused. Each pull is a runner job Salt keeps: the transport removes each from the job cache
+as the next arrives, and the last one when the sender ``settle``s (or prunes) the spent ticket.
+The transport moves bytes; what must stay secret is sealed to the recipient before it is staged
+(``multimaster_seal``), so a chunk that lands in a job cache or an event is ciphertext.
 """
 
 import base64
@@ -96,13 +98,33 @@ def _remove(*paths):
             pass
 
 
-def _prune(opts, directory):
+def _prune(opts, directory, spent_only=False):
+    """
+    Remove spent tickets (forgetting the job of their last pull) and, unless ``spent_only``,
+    expired ones.
+    """
     now = time.time()
     for name in os.listdir(directory):
         if name.endswith(".meta"):
             meta = _read_meta(os.path.join(directory, name))
-            if meta is None or meta.get("expires", 0) <= now:
+            spent = meta is not None and meta.get("spent")
+            if spent or (not spent_only and (meta is None or meta.get("expires", 0) <= now)):
+                if spent:
+                    forget_jobs(opts, meta.get("jids", []))
                 _remove(*_paths(opts, name[: -len(".meta")]))
+
+
+def settle(opts):
+    """
+    Forget the pull jobs of every transfer whose last chunk has been served: what a sender runs
+    once the recipients' jobs returned (the last pull's job holds the last chunk).
+
+    opts
+        The sending master's opts.
+    """
+    if os.path.isdir(outbox(opts)):
+        with _locked(opts) as directory:
+            _prune(opts, directory, spent_only=True)
 
 
 def stage(opts, recipient, data, ttl=TTL):
@@ -253,7 +275,8 @@ def serve(opts, requester, ticket, offset, jid=None):
     The next chunk of a staged transfer for ``requester``: ``{"data" (base64), "offset",
     "size"}``, ``{"done": True, ...}`` for the final acknowledgement, or
     ``{"error": ...}`` when the ticket is malformed, unknown, used up, expired, not issued to the
-    requester, or the offset is not the next one. The last chunk uses the ticket up.
+    requester, or the offset is not the next one. The last chunk (``"done": True`` with it)
+    uses the ticket up.
 
     opts
         The sending master's opts.
@@ -265,12 +288,12 @@ def serve(opts, requester, ticket, offset, jid=None):
         The ticket from the descriptor.
 
     offset
-        Where the chunk starts: 0, then the end of the previous chunk; the size of the transfer
-        acknowledges the whole of it, which uses the ticket up.
+        Where the chunk starts: 0, then the end of the previous chunk (0 of an empty transfer
+        uses it up at once).
 
     jid
         The job id of this pull (a runner job Salt stores); earlier pulls of the same transfer
-        are removed from the job cache as the next one arrives, all of them at the end.
+        are removed from the job cache as the next one arrives, the last one by ``settle``.
     """
     if not isinstance(ticket, str) or not _TICKET_RE.match(ticket):
         return {"error": "malformed ticket"}
@@ -279,7 +302,7 @@ def serve(opts, requester, ticket, offset, jid=None):
     data_path, meta_path = _paths(opts, ticket)
     with _locked(opts):
         meta = _read_meta(meta_path)
-        if meta is None:
+        if meta is None or meta.get("spent"):
             return {"error": "unknown or used ticket: refusing a replay"}
         if meta["recipient"] != requester:
             return {"error": f"ticket was not issued to {requester!r}"}
@@ -298,14 +321,20 @@ def serve(opts, requester, ticket, offset, jid=None):
             return {"error": f"cannot read the staged data: {exc.strerror}"}
         meta["next"] = offset + len(chunk)
         meta["jids"] = [jid] if jid else []
+        key, done = meta.get("key"), meta["next"] >= meta["size"]
+        if done:
+            # Used up: only what settle needs stays (this pull's job, to forget).
+            _remove(data_path)
+            meta = {k: meta[k] for k in ("recipient", "expires", "size", "jids")} | {"spent": True}
         tmp = meta_path + ".tmp"
         _remove(tmp)
         _write_private(tmp, json.dumps(meta).encode())
         os.replace(tmp, meta_path)
-    if meta.get("key"):
-        chunk = AESGCM(bytes.fromhex(meta["key"])).encrypt(_nonce(offset), chunk, ticket.encode())
+    if key:
+        chunk = AESGCM(bytes.fromhex(key)).encrypt(_nonce(offset), chunk, ticket.encode())
     # Base64: Salt's runner return path turns bytes that happen to be UTF-8 into str.
-    return {"data": base64.b64encode(chunk).decode(), "offset": offset, "size": meta["size"]}
+    answer = {"data": base64.b64encode(chunk).decode(), "offset": offset, "size": meta["size"]}
+    return {**answer, "done": True} if done else answer
 
 
 def check_descriptor(descriptor):
@@ -350,9 +379,12 @@ def chunks(descriptor, pull, key=None):
         The stream key (32 bytes) for an encrypted stream, else ``None``.
     """
     check_descriptor(descriptor)
-    size, offset = descriptor["size"], 0
+    size, offset, done = descriptor["size"], 0, False
+    if not size:
+        done = _answer(pull(descriptor["ticket"], 0)).get("done")
     while offset < size:
-        chunk = _decoded(_answer(pull(descriptor["ticket"], offset)).get("data"))
+        answer = _answer(pull(descriptor["ticket"], offset))
+        chunk, done = _decoded(answer.get("data")), answer.get("done")
         if chunk is None:
             raise TransferError(f"malformed chunk at offset {offset}")
         if key is not None:
@@ -364,7 +396,7 @@ def chunks(descriptor, pull, key=None):
             raise TransferError(f"transfer ended at {offset} of {size} bytes")
         offset += len(chunk)
         yield chunk
-    if offset != size or not _answer(pull(descriptor["ticket"], size)).get("done"):
+    if offset != size or not done:
         raise TransferError(f"transfer of {size} bytes was not completed")
 
 

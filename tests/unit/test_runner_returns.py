@@ -47,13 +47,17 @@ def runner():
 
 
 @pytest.fixture
-def configure_loader_modules(runner):
+def configure_loader_modules(runner, tmp_path):
     """
     What Salt's loader would inject; pytest-salt-factories patches it in and restores it.
     """
     return {
         runner: {
-            "__opts__": {"multimaster": SECTION, "conf_file": "/etc/salt/master"},
+            "__opts__": {
+                "multimaster": SECTION,
+                "conf_file": "/etc/salt/master",
+                "cachedir": str(tmp_path / "cache"),
+            },
             "__context__": {},
         }
     }

@@ -42,7 +42,12 @@ def test_bytes_arrive_in_bounded_chunks_and_the_ticket_is_used_up(sender, small_
     descriptor = transport.stage(sender, "cm2", data)
     pull = puller(sender, "cm2")
     assert transport.fetch(descriptor, pull) == data
-    assert pull.calls == [0, 1000, 2000, 3000, 4000, 4500]  # the last one acknowledges
+    assert pull.calls == [0, 1000, 2000, 3000, 4000]  # the last chunk uses the ticket up
+    # Only the spent ticket's record is left, until the sender settles.
+    assert [n for n in os.listdir(transport.outbox(sender)) if not n.startswith(".")] == [
+        descriptor["ticket"] + ".meta"
+    ]
+    transport.settle(sender)
     assert [n for n in os.listdir(transport.outbox(sender)) if not n.startswith(".")] == []
 
 
@@ -203,11 +208,33 @@ def test_pull_jobs_leave_the_job_cache_as_the_transfer_proceeds(sender, small_ch
         return answer
 
     transport.fetch(descriptor, pull)
+    # The last pull's job holds the last chunk: it goes when the sender settles.
+    assert [os.path.exists(path) for path in kept] == [False, False, True]
+    transport.settle(sender)
     assert [os.path.exists(path) for path in kept] == [False, False, False]
 
 
-def test_an_unacknowledged_transfer_keeps_its_ticket(sender):
+def test_a_spent_ticket_is_forgotten_when_the_next_transfer_is_staged(sender):
+    sender.update(master_job_cache="local_cache", job_cache=True, hash_type="sha256")
     descriptor = transport.stage(sender, "cm2", b"data")
-    assert "data" in transport.serve(sender, "cm2", descriptor["ticket"], 0)
-    assert transport.serve(sender, "cm2", descriptor["ticket"], 4)["done"] is True
+    jid = "20261122000000000009"
+    assert transport.serve(sender, "cm2", descriptor["ticket"], 0, jid)["done"] is True
+    path = transport.salt.utils.jid.jid_dir(jid, os.path.join(sender["cachedir"], "jobs"), "sha256")
+    os.makedirs(path)
+    transport.stage(sender, "cm3", b"next")
+    assert not os.path.exists(path)
+
+
+def test_the_last_chunk_uses_the_ticket_up(sender):
+    descriptor = transport.stage(sender, "cm2", b"data")
+    answer = transport.serve(sender, "cm2", descriptor["ticket"], 0)
+    assert answer["done"] is True and base64.b64decode(answer["data"]) == b"data"
+    assert "used ticket" in transport.serve(sender, "cm2", descriptor["ticket"], 0)["error"]
     assert "used ticket" in transport.serve(sender, "cm2", descriptor["ticket"], 4)["error"]
+
+
+def test_a_transfer_not_pulled_to_its_end_keeps_its_ticket(sender, small_chunks):
+    descriptor = transport.stage(sender, "cm2", os.urandom(1500))
+    assert "done" not in transport.serve(sender, "cm2", descriptor["ticket"], 0)
+    transport.settle(sender)
+    assert transport.serve(sender, "cm2", descriptor["ticket"], 1000)["done"] is True
