@@ -273,10 +273,10 @@ def forget_jobs(opts, jids):
 def serve(opts, requester, ticket, offset, jid=None):
     """
     The next chunk of a staged transfer for ``requester``: ``{"data" (base64), "offset",
-    "size"}``, ``{"done": True, ...}`` for the final acknowledgement, or
-    ``{"error": ...}`` when the ticket is malformed, unknown, used up, expired, not issued to the
-    requester, or the offset is not the next one. The last chunk (``"done": True`` with it)
-    uses the ticket up.
+    "size"}``, with ``"done": True`` on the last chunk, which uses the ticket up (an empty
+    transfer answers ``{"done": True, ...}`` alone); or ``{"error": ...}`` when the ticket is
+    malformed, unknown, used up, expired, not issued to the requester, or the offset is not the
+    next one.
 
     opts
         The sending master's opts.
