@@ -41,4 +41,5 @@ def pull(ticket, offset=0):
     # This pull is a runner job Salt keeps in the job cache; the transport removes its chunk
     # jobs as the transfer proceeds (they are plumbing, and may be large).
     jid = globals().get("__jid__")
+    multimaster_transport.record_pull(__opts__, __opts__["id"], jid)
     return multimaster_transport.serve(__opts__, __opts__["id"], ticket, offset, jid)

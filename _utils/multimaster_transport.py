@@ -27,6 +27,7 @@ import time
 from contextlib import contextmanager
 
 import multimaster_jobcache
+import salt.loader
 import salt.utils.jid
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -268,6 +269,42 @@ def forget_jobs(opts, jids):
             salt.utils.jid.jid_dir(jid, jobs, opts.get("hash_type", "sha256")),
             ignore_errors=True,
         )
+
+
+def record_pull(opts, requester, jid):
+    """
+    Store the load of this pull's runner job in the master's ``local_cache`` before the pull
+    returns, naming its one minion, the requester. Salt stores a runner job's load only when none
+    is stored yet, and then computes its minions by globbing the requester's id over every
+    accepted key: O(keys) on each pull, about 0.9 s at 10,000 keys. The load recorded here
+    carries no chunk (the chunk goes to the job's return, which the transport forgets).
+
+    opts
+        The sending master's opts.
+
+    requester
+        The id of the minion asking.
+
+    jid
+        The job id of this pull.
+    """
+    if not (jid and salt.utils.jid.is_jid(str(jid)) and opts.get("job_cache", True)):
+        return
+    if opts.get("ext_job_cache") or opts.get("master_job_cache", "local_cache") != "local_cache":
+        return
+    load = {
+        "jid": jid,
+        "id": requester,
+        "tgt": requester,
+        "tgt_type": "glob",
+        "fun": "runner." + PULL,
+        "user": requester,
+    }
+    try:
+        salt.loader.returners(opts, {})["local_cache.save_load"](jid, load, minions=[requester])
+    except Exception as exc:  # pylint: disable=broad-except
+        # Only a shortcut: without it Salt stores the load itself, the slow way.
+        log.debug("multimaster: could not record pull job %s: %s", jid, exc)
 
 
 def serve(opts, requester, ticket, offset, jid=None):

@@ -238,3 +238,41 @@ def test_a_transfer_not_pulled_to_its_end_keeps_its_ticket(sender, small_chunks)
     assert "done" not in transport.serve(sender, "cm2", descriptor["ticket"], 0)
     transport.settle(sender)
     assert transport.serve(sender, "cm2", descriptor["ticket"], 1000)["done"] is True
+
+
+def test_a_recorded_pull_is_stored_without_listing_every_key(tmp_path, monkeypatch):
+    # Salt's own job store, on a real local_cache: with the pull's load recorded first it does not
+    # glob the requester's id over the accepted keys (O(keys) per pull), and the stored load
+    # holds no chunk.
+    import salt.config
+    import salt.loader
+    import salt.utils.job
+    import salt.utils.minions
+
+    opts = salt.config.master_config(os.devnull)
+    opts.update(
+        cachedir=str(tmp_path / "cache"), pki_dir=str(tmp_path / "pki"), sock_dir=str(tmp_path)
+    )
+    listed = []
+    real = salt.utils.minions.CkMinions.check_minions
+    monkeypatch.setattr(
+        salt.utils.minions.CkMinions,
+        "check_minions",
+        lambda self, *a, **k: listed.append(a) or real(self, *a, **k),
+    )
+
+    def store(jid):
+        ret = {"jid": jid, "fun": "runner." + transport.PULL, "return": {"data": "CHUNK"}}
+        load = {"id": "cm2", "tgt": "cm2", "jid": jid, "return": ret}
+        salt.utils.job.store_job(opts, load)
+        loader = salt.loader.returners(opts, {})
+        return loader["local_cache.get_load"](jid), loader["local_cache.get_jid"](jid)
+
+    load, returns = store("20261125000000000001")
+    assert listed and "CHUNK" in repr(load)  # without the record: every key listed, chunk kept
+    listed.clear()
+    transport.record_pull(opts, "cm2", "20261125000000000002")
+    load, returns = store("20261125000000000002")
+    assert listed == []
+    assert load["Minions"] == ["cm2"] and "CHUNK" not in repr(load)
+    assert "CHUNK" in repr(returns["cm2"])  # the return is kept, for the transport to forget
