@@ -16,13 +16,16 @@ The transport moves bytes; what must stay secret is sealed to the recipient befo
 import base64
 import binascii
 import bisect
+import contextvars
 import fcntl
 import hashlib
 import json
 import logging
 import os
+import queue
 import re
 import shutil
+import threading
 import time
 from contextlib import contextmanager
 
@@ -405,6 +408,8 @@ def chunks(descriptor, pull, key=None):
     """
     Yield the plaintext chunks of a staged transfer in order, decrypting with ``key`` when the
     stream is encrypted. Checks each answer; raises ``TransferError`` naming what went wrong.
+    The next chunk is pulled while the caller handles this one (the sending master serves a
+    pull while the recipient writes): at most one chunk waits.
 
     descriptor
         ``{"ticket", "size", "sha256"}`` from the publish.
@@ -416,6 +421,59 @@ def chunks(descriptor, pull, key=None):
         The stream key (32 bytes) for an encrypted stream, else ``None``.
     """
     check_descriptor(descriptor)
+    return _prefetched(_pulled_chunks(descriptor, pull, key))
+
+
+def _prefetched(items):
+    """
+    Yield from the generator ``items`` while a worker thread already produces the next item;
+    an error the worker meets is raised here, in stream order. The worker runs in a copy of
+    this context, so that Salt's loader globals (``__salt__`` of the pull) resolve there too.
+    Closing this generator stops the worker.
+    """
+    slots = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    end = object()
+
+    def offer(entry):
+        while not stop.is_set():
+            try:
+                slots.put(entry, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce():
+        try:
+            for item in items:
+                if not offer((item, None)):
+                    return
+            offer((end, None))
+        except Exception as exc:  # pylint: disable=broad-except
+            offer((end, exc))
+        finally:
+            items.close()
+
+    worker = threading.Thread(target=contextvars.copy_context().run, args=(produce,), daemon=True)
+    worker.start()
+    try:
+        while True:
+            item, error = slots.get()
+            if item is end:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        worker.join()
+
+
+def _pulled_chunks(descriptor, pull, key):
+    """
+    The chunks of ``chunks``, pulled and checked one after the other.
+    """
     size, offset, done = descriptor["size"], 0, False
     if not size:
         done = _answer(pull(descriptor["ticket"], 0)).get("done")

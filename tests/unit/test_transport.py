@@ -276,3 +276,67 @@ def test_a_recorded_pull_is_stored_without_listing_every_key(tmp_path, monkeypat
     assert listed == []
     assert load["Minions"] == ["cm2"] and "CHUNK" not in repr(load)
     assert "CHUNK" in repr(returns["cm2"])  # the return is kept, for the transport to forget
+
+
+def test_the_next_chunk_is_pulled_while_the_recipient_handles_this_one(sender, small_chunks):
+    import threading
+
+    descriptor = transport.stage(sender, "cm2", os.urandom(3000))
+    second = threading.Event()
+    pull = puller(sender, "cm2")
+
+    def watched(ticket, offset):
+        if offset:
+            second.set()
+        return pull(ticket, offset)
+
+    stream = transport.chunks(descriptor, watched)
+    first = next(stream)
+    # The recipient still holds the first chunk: the second is pulled meanwhile.
+    assert second.wait(5)
+    assert len(first) + sum(len(chunk) for chunk in stream) == 3000
+    assert pull.calls == [0, 1000, 2000]
+
+
+def test_a_failed_pull_is_raised_after_the_chunks_before_it(sender, small_chunks):
+    descriptor = transport.stage(sender, "cm2", os.urandom(3000))
+    pull = puller(sender, "cm2")
+
+    def failing(ticket, offset):
+        return {"error": "gone"} if offset == 2000 else pull(ticket, offset)
+
+    stream = transport.chunks(descriptor, failing)
+    assert len(next(stream)) == len(next(stream)) == 1000
+    with pytest.raises(transport.TransferError, match="gone"):
+        next(stream)
+
+
+def test_a_stream_closed_early_stops_pulling(sender, small_chunks):
+    import threading
+
+    descriptor = transport.stage(sender, "cm2", os.urandom(10000))
+    pull = puller(sender, "cm2")
+    before = threading.active_count()
+    stream = transport.chunks(descriptor, pull)
+    next(stream)
+    stream.close()
+    assert threading.active_count() == before
+    assert len(pull.calls) <= 3  # the one handed out, at most one waiting and one in flight
+
+
+def test_the_pull_runs_in_the_callers_context(sender):
+    # Salt resolves a module's __salt__ through a context variable: the worker must see it.
+    import contextvars
+
+    loader = contextvars.ContextVar("loader")
+    loader.set("the minion's loader")
+    seen = []
+    pull = puller(sender, "cm2")
+
+    def in_context(ticket, offset):
+        seen.append(loader.get(None))
+        return pull(ticket, offset)
+
+    descriptor = transport.stage(sender, "cm2", b"data")
+    assert b"".join(transport.chunks(descriptor, in_context)) == b"data"
+    assert seen == ["the minion's loader"]
