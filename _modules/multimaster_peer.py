@@ -688,7 +688,7 @@ def _manifests(mopts, kinds):
     return roots, files
 
 
-def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None):
+def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None, unless=None):
     """
     The roots of this host's master (``file_roots``/``pillar_roots`` of its own config): per
     kind, per environment, per position ``{"path", "digest", "count", "skipped"}``. With
@@ -705,6 +705,10 @@ def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None):
     nonce
         The runner's nonce (64 hex characters) the sealed manifests are bound to.
 
+    unless
+        The primary's digests (``{kind: {env: [digest, ...]}}``): with ``full``, the manifests
+        are left out when this master's digests equal them (nothing to sync: one round).
+
     CLI Example:
 
     .. code-block:: bash
@@ -714,7 +718,7 @@ def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None):
     master, mopts = _mopts()
     roots, files = _manifests(mopts, [kind for kind in kinds if kind in ROOT_KINDS])
     ret = {"roots": roots, "binding": _binding(master)}
-    if full:
+    if full and multimaster_roots.digests(roots) != unless:
         ret["sealed"] = multimaster_seal.seal(
             {"files": files},
             "roots_manifest",

@@ -15,7 +15,6 @@ carries a ticket. Work is applied master by master in the order of
 change nothing) and returns ``retcode: 1`` on any failure.
 """
 
-import concurrent.futures
 import logging
 import os
 import time
@@ -1087,13 +1086,6 @@ def _layout(roots):
     }
 
 
-def _digests(roots):
-    return {
-        kind: {env: [r["digest"] for r in rs] for env, rs in envs.items()}
-        for kind, envs in roots.items()
-    }
-
-
 def _check_layouts(section, local, summary):
     """
     Refuse unless this master is the primary (same roots and content as the primary reports)
@@ -1103,7 +1095,9 @@ def _check_layouts(section, local, summary):
     if primary not in summary:
         raise Refused(f"primary {primary} did not report its roots")
     theirs = summary[primary]["roots"]
-    if _layout(theirs) != _layout(local) or _digests(theirs) != _digests(local):
+    if _layout(theirs) != _layout(local) or (
+        multimaster_roots.digests(theirs) != multimaster_roots.digests(local)
+    ):
         raise Refused(
             f"sync_roots copies the roots this master reads from its own disk: run it on the "
             f"primary {primary} (its roots differ from this master's)"
@@ -1281,47 +1275,34 @@ def sync_roots(roots="both", test=False, timeout=300):
         kinds, notes = multimaster_roots.synced_kinds(current, _ROOT_CHOICES[roots])
         if not kinds:
             return _finish({"masters": {}, "comment": "; ".join(notes)}, False)
-        # This master hashes its own roots while the peers hash theirs.
+        # One round: each master compares its digests with this master's and returns its
+        # manifests, sealed, only where they differ.
         opts = {key: current.get(key) for key in _ROOTS_OPTS}
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            local_manifests = pool.submit(multimaster_roots.manifests, opts, kinds)
-            summary, errors = _call(
-                section,
-                _ids(section),
-                "roots_manifest",
-                {"kinds": kinds, "full": False},
-                timeout,
-                _roots_check,
-            )
-            local = local_manifests.result()
+        local = multimaster_roots.manifests(opts, kinds)
+        digests = multimaster_roots.digests(local)
+        nonce = os.urandom(32).hex()
+        summary, errors = _call(
+            section,
+            _ids(section),
+            "roots_manifest",
+            {"kinds": kinds, "full": True, "nonce": nonce, "unless": digests},
+            timeout,
+            _roots_check,
+        )
         _check_layouts(section, local, summary)
     except SaltInvocationError as exc:
         return _refused(exc)
-    ret = {"masters": {}, "roots": _digests(local)}
+    ret = {"masters": {}, "roots": digests}
     if notes:
         ret["comment"] = "; ".join(notes)
     for master, error in errors.items():
         ret["masters"][master] = {"result": False, "error": error}
-    peers = [m for m in _ids(section)[1:] if m in summary]
-    differing = [m for m in peers if _digests(summary[m]["roots"]) != _digests(local)]
-    for master in peers:
-        if master not in differing:
+    for master in [m for m in _ids(section)[1:] if m in summary]:
+        if multimaster_roots.digests(summary[master]["roots"]) == digests:
             ret["masters"][master] = {"result": True, "changed": False}
-    nonce = os.urandom(32).hex()
-    if differing:
-        full, full_errors = _call(
-            section,
-            differing,
-            "roots_manifest",
-            {"kinds": list(local), "full": True, "nonce": nonce},
-            timeout,
-            _roots_check,
-        )
-        for master, error in full_errors.items():
-            ret["masters"][master] = {"result": False, "error": error}
-        for master in [m for m in differing if m in full]:
+        else:
             ret["masters"][master] = _sync_one_root_set(
-                section, master, local, full[master], nonce, test, timeout
+                section, master, local, summary[master], nonce, test, timeout
             )
     return _finish(ret, any(r.get("result") is False for r in ret["masters"].values()))
 

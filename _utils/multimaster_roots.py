@@ -193,6 +193,20 @@ def digest(files):
     ).hexdigest()
 
 
+def digests(roots):
+    """
+    ``{kind: {env: [digest, ...]}}`` of a roots report (``manifests`` or a peer's summary):
+    what two masters compare to know whether their roots are equal.
+
+    roots
+        ``{kind: {env: [{"digest", ...}, ...]}}``.
+    """
+    return {
+        kind: {env: [r["digest"] for r in rs] for env, rs in envs.items()}
+        for kind, envs in roots.items()
+    }
+
+
 def plan(source, target):
     """
     What makes ``target`` equal to ``source``: ``{"add", "change", "mode", "delete"}``, sorted
