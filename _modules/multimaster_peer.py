@@ -17,11 +17,12 @@ import logging
 import os
 import time
 
+import salt.channel.client
 import salt.payload
 import salt.utils.atomicfile
 import salt.utils.files
 import salt.utils.json
-from salt.exceptions import CommandExecutionError, SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError, SaltReqTimeoutError
 
 try:
     import multimaster_daemon
@@ -253,6 +254,47 @@ def _pull(ticket, offset):
         arg=[f"ticket={ticket}", f"offset={offset}"],
         timeout=PULL_TIMEOUT,
     )
+
+
+def _fileserver_pull(ticket, offset):
+    """
+    One chunk of a content stream from the file server of the master that sent this job
+    (``_serve_file`` on the same request channel): no runner job on that master.
+    """
+    load = {
+        "cmd": "_serve_file",
+        "path": multimaster_transport.FILESERVER_PREFIX + ticket,
+        "loc": offset,
+        "saltenv": "base",
+    }
+    try:
+        with salt.channel.client.ReqChannel.factory(__opts__) as channel:
+            return channel.send(load, timeout=PULL_TIMEOUT)
+    except SaltReqTimeoutError:
+        return {"error": f"the file server did not answer within {PULL_TIMEOUT} s"}
+
+
+class _ContentPull:
+    """
+    ``pull(ticket, offset)`` for a content stream: through the sending master's file server,
+    or through its ``peer_run`` pull when that file server does not serve transfers (its
+    ``fileserver_backend`` does not name ``multimaster`` yet, or it has not been restarted
+    since). ``via`` says which.
+    """
+
+    def __init__(self):
+        self.via = "fileserver"
+
+    def __call__(self, ticket, offset):
+        if self.via == "fileserver":
+            answer = _fileserver_pull(ticket, offset)
+            if isinstance(answer, dict) and {"error", "offset", "done"} & set(answer):
+                return answer
+            if offset:
+                return {"error": f"the file server stopped serving the transfer at {offset}"}
+            # Salt's answer for a path no backend has: pull the same ticket by peer_run.
+            self.via = "peer_run"
+        return _pull(ticket, offset)
 
 
 def _pulled(transfer, limit):
@@ -767,20 +809,18 @@ def _clear_file_list_cache(mopts):
                 os.unlink(os.path.join(cache, name))
 
 
-def apply_roots(plan, content):
+def apply_roots(plan):
     """
     Make this master's roots equal to the primary's: open the plan (sealed to this control
     minion by the ``sync_roots`` runner, signed by its master, bound to a challenge from
-    ``roots_manifest``), pull the content stream (encrypted with the plan's key) and write each
-    file atomically into the paired root of this master's own config, then set modes and delete
-    what the primary no longer has. Holds this master's roots lock throughout. Returns counts,
-    bytes and per-file failures; never the content.
+    ``roots_manifest``), pull the content stream it names (encrypted with the plan's key; from
+    the primary's file server, else by ``peer_run``) and write each file atomically into the
+    paired root of this master's own config, then set modes and delete what the primary no
+    longer has. Holds this master's roots lock throughout. Returns counts, bytes, the path the
+    content came by (``via``) and per-file failures; never the content.
 
     plan
         The descriptor of the sealed plan (``{"ticket", "size", "sha256"}``).
-
-    content
-        The descriptor of the content stream.
 
     CLI Example:
 
@@ -803,8 +843,9 @@ def apply_roots(plan, content):
     resolved = [(_paired_root(mopts, pair), pair) for pair in pairs]
     key = bytes.fromhex(body["key"])
     report = {"written": 0, "bytes": 0, "modes": 0, "deleted": 0, "failed": []}
+    pull = _ContentPull()
     stream = multimaster_transport.chunks(
-        multimaster_transport.check_descriptor(content), _pull, key
+        multimaster_transport.check_descriptor(body.get("content")), pull, key
     )
     reader = multimaster_transport.Reader(stream)
     with multimaster_roots.locked(mopts):
@@ -827,4 +868,5 @@ def apply_roots(plan, content):
         report["failed"].append("the content stream is longer than the plan")
     _clear_file_list_cache(mopts)
     report["failed"] = report["failed"][:SAMPLE]
+    report["via"] = pull.via
     return report

@@ -1224,20 +1224,27 @@ def _roots_report(pairs, local):
 def _deliver_roots(section, master, pairs, members, binding):
     """
     Stage the content (encrypted with a fresh key) and the plan (sealed to the peer's control
-    minion, carrying that key), then have the peer pull and apply both.
+    minion, carrying that key and the content's descriptor: its ticket, which this master's
+    file server serves, reaches no one else), then have the peer pull and apply both.
     """
     entry = _by_id(section)[master]
     key = os.urandom(32)
-    content = multimaster_transport.stage_files(__opts__, entry["minion_id"], members, key)
+    content = multimaster_transport.stage_files(
+        __opts__, entry["minion_id"], members, key, fileserver=True
+    )
     plan = multimaster_seal.seal(
-        {"key": key.hex(), "pairs": [{k: v for k, v in p.items() if k != "added"} for p in pairs]},
+        {
+            "key": key.hex(),
+            "content": content,
+            "pairs": [{k: v for k, v in p.items() if k != "added"} for p in pairs],
+        },
         "roots",
         entry["minion_id"],
         _primary_key_entry(entry["minion_id"])[1],
         _signer_key(),
         _bound(_binding({"binding": binding}, master)),
     )
-    return _staged(section, master, plan), content
+    return _staged(section, master, plan)
 
 
 def sync_roots(roots="both", test=False, timeout=300):
@@ -1317,10 +1324,8 @@ def _sync_one_root_set(section, master, local, answer, nonce, test, timeout):
     if test:
         return {"result": None, "planned": report}
     _progress(f"{master}: {report['counts']} ({report['bytes']} bytes)")
-    plan, content = _deliver_roots(section, master, pairs, members, answer.get("binding"))
-    done, errors = _call(
-        section, [master], "apply_roots", {"plan": plan, "content": content}, timeout
-    )
+    plan = _deliver_roots(section, master, pairs, members, answer.get("binding"))
+    done, errors = _call(section, [master], "apply_roots", {"plan": plan}, timeout)
     if master in errors:
         return {"result": False, "error": errors[master], "planned": report}
     applied = done[master]
@@ -1330,6 +1335,7 @@ def _sync_one_root_set(section, master, local, answer, nonce, test, timeout):
         "result": not failed,
         "changes": report,
         "moved_bytes": applied.get("bytes"),
+        "via": applied.get("via"),
         "failed": failed,
     }
 

@@ -48,6 +48,8 @@ JOB_CACHE_PASSWORD_EXPECTED = (
     "the database user's password, from pillar targeted at the masters' control minions only"
 )
 # lookup:master:<part>_install/_pkg/_pip: how each Python dependency of the master installs.
+# The file server backend (_fileserver/multimaster.py) that serves sync_roots its transfers.
+TRANSFER_BACKEND = "multimaster"
 PYTHON_DEPS = {"gitfs": "pygit2 for gitfs", "job_cache": "psycopg2 for the job cache"}
 _DB_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
 _CLUSTER_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
@@ -270,6 +272,17 @@ def _validate_merged(settings):
     remotes = master["gitfs"].get("remotes")
     if not isinstance(remotes, list):
         _fail("master:gitfs:remotes", remotes, "a list of git remote URLs")
+    backends = master.get("fileserver_backend")
+    if not (
+        isinstance(backends, list)
+        and backends
+        and all(isinstance(name, str) and name.strip() for name in backends)
+    ):
+        _fail(
+            "master:fileserver_backend",
+            backends,
+            "a non-empty list of file server backend names, e.g. [roots] or [roots, gitfs]",
+        )
 
 
 def _validate_sse(settings):
@@ -556,6 +569,25 @@ def pull_acl(settings):
     return {f"^({ids})$": [f"^{re.escape(multimaster_transport.PULL)}$"]}
 
 
+def fileserver_backends(backends, gitfs=False):
+    """
+    A master's ``fileserver_backend``: ``backends`` in order, ``gitfs`` when gitfs has
+    remotes, and last ``multimaster``, the backend that serves ``sync_roots`` its transfers
+    (it finds nothing but those). No name twice.
+
+    backends
+        Pillar ``multimaster:master:fileserver_backend`` (default ``[roots]``).
+
+    gitfs
+        Whether ``master:gitfs:remotes`` are set.
+    """
+    out = []
+    for name in [*backends, *(["gitfs"] if gitfs else []), TRANSFER_BACKEND]:
+        if name not in out:
+            out.append(name)
+    return out
+
+
 def python_install(settings, part, salt_install):
     """
     How ``multimaster.master`` installs the Python dependency ``part`` (a key of
@@ -658,8 +690,10 @@ def master_config(settings, master):
         # Salt merges list options across master.d files: a shop's own reactors stay.
         config["reactor"] = reactors
     gitfs = section["gitfs"]
+    config["fileserver_backend"] = fileserver_backends(
+        section["fileserver_backend"], bool(gitfs["remotes"])
+    )
     if gitfs["remotes"]:
-        config["fileserver_backend"] = ["roots", "gitfs"]
         config["gitfs_provider"] = gitfs["provider"]
         config["gitfs_remotes"] = gitfs["remotes"]
     config.update(section["config"])

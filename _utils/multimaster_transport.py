@@ -163,7 +163,7 @@ def stage(opts, recipient, data, ttl=TTL):
     return {"ticket": ticket, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def stage_files(opts, recipient, members, key=None, ttl=TTL):
+def stage_files(opts, recipient, members, key=None, ttl=TTL, fileserver=False):
     """
     Stage the concatenation of files for ``recipient`` without copying them: each chunk is read
     from the files when it is served (exactly each file's listed size: a file that changed in
@@ -184,6 +184,10 @@ def stage_files(opts, recipient, members, key=None, ttl=TTL):
 
     ttl
         Seconds the ticket stays valid (default 300).
+
+    fileserver
+        Also serve it through the master's file server (``serve_file``): only for a ticket the
+        recipient alone learns (inside an envelope sealed to it), never one a publish carries.
     """
     ticket = "t" + os.urandom(24).hex()
     _, meta_path = _paths(opts, ticket)
@@ -197,6 +201,7 @@ def stage_files(opts, recipient, members, key=None, ttl=TTL):
             "next": 0,
             "members": [[str(path), int(member_size)] for path, member_size in members],
             "key": key.hex() if key else None,
+            "fileserver": bool(fileserver),
         }
         _write_private(meta_path, json.dumps(meta).encode())
     return {"ticket": ticket, "size": size, "sha256": None}
@@ -310,7 +315,7 @@ def record_pull(opts, requester, jid):
         log.debug("multimaster: could not record pull job %s: %s", jid, exc)
 
 
-def serve(opts, requester, ticket, offset, jid=None):
+def serve(opts, requester, ticket, offset, jid=None, raw=False):
     """
     The next chunk of a staged transfer for ``requester``: ``{"data" (base64), "offset",
     "size"}``, with ``"done": True`` on the last chunk, which uses the ticket up (an empty
@@ -334,6 +339,12 @@ def serve(opts, requester, ticket, offset, jid=None):
     jid
         The job id of this pull (a runner job Salt stores); earlier pulls of the same transfer
         are removed from the job cache as the next one arrives, the last one by ``settle``.
+
+    raw
+        Asked through the file server (``serve_file``): only a ticket staged for it is served,
+        the chunk goes as bytes (``"bytes"`` instead of base64 ``"data"``), and ``requester``
+        may be ``None`` where Salt's request carries no id (the ticket is the recipient's
+        secret then).
     """
     if not isinstance(ticket, str) or not _TICKET_RE.match(ticket):
         return {"error": "malformed ticket"}
@@ -344,7 +355,9 @@ def serve(opts, requester, ticket, offset, jid=None):
         meta = _read_meta(meta_path)
         if meta is None or meta.get("spent"):
             return {"error": "unknown or used ticket: refusing a replay"}
-        if meta["recipient"] != requester:
+        if raw and not meta.get("fileserver"):
+            return {"error": "ticket is not served through the file server"}
+        if meta["recipient"] != requester and not (raw and requester is None):
             return {"error": f"ticket was not issued to {requester!r}"}
         if meta["expires"] <= time.time():
             _remove(data_path, meta_path)
@@ -372,9 +385,52 @@ def serve(opts, requester, ticket, offset, jid=None):
         os.replace(tmp, meta_path)
     if key:
         chunk = AESGCM(bytes.fromhex(key)).encrypt(_nonce(offset), chunk, ticket.encode())
-    # Base64: Salt's runner return path turns bytes that happen to be UTF-8 into str.
-    answer = {"data": base64.b64encode(chunk).decode(), "offset": offset, "size": meta["size"]}
+    if raw:
+        answer = {"bytes": chunk, "offset": offset, "size": meta["size"]}
+    else:
+        # Base64: Salt's runner return path turns bytes that happen to be UTF-8 into str.
+        answer = {"data": base64.b64encode(chunk).decode(), "offset": offset, "size": meta["size"]}
     return {**answer, "done": True} if done else answer
+
+
+# Where the file server finds a staged transfer: ``<prefix><ticket>`` in any environment.
+FILESERVER_PREFIX = "multimaster-transfer/"
+_FILESERVER_PATH_RE = re.compile(re.escape(FILESERVER_PREFIX) + r"(t[0-9a-f]{48})\Z")
+
+
+def fileserver_ticket(opts, path):
+    """
+    The ticket a file-server ``path`` names, when a transfer staged for the file server holds
+    it; else ``None``.
+
+    opts
+        The master's opts.
+
+    path
+        The path a minion asked the file server for.
+    """
+    match = _FILESERVER_PATH_RE.match(str(path))
+    if not match:
+        return None
+    meta = _read_meta(_paths(opts, match.group(1))[1])
+    return match.group(1) if meta is not None and meta.get("fileserver") else None
+
+
+def serve_fileserver(opts, load):
+    """
+    The file server's answer to ``load`` (``{"path", "loc", "id"?}``): the chunk of the staged
+    transfer the path names, at ``loc``, as ``serve`` with ``raw``.
+
+    opts
+        The master's opts.
+
+    load
+        The minion's ``_serve_file`` request.
+    """
+    ticket = fileserver_ticket(opts, load.get("path"))
+    if ticket is None:
+        return {"error": "unknown or used ticket: refusing a replay"}
+    return serve(opts, load.get("id"), ticket, load.get("loc"), raw=True)
 
 
 def check_descriptor(descriptor):
@@ -395,7 +451,17 @@ def check_descriptor(descriptor):
     return descriptor
 
 
-def _decoded(data):
+def _decoded(answer):
+    """
+    The chunk of an answer: base64 ``data`` (a runner's return) or raw ``bytes`` (the file
+    server's, which Salt's request channel hands over as str when they happen to be UTF-8).
+    """
+    if "bytes" in answer:
+        data = answer["bytes"]
+        if isinstance(data, str):
+            return data.encode()
+        return data if isinstance(data, bytes) else None
+    data = answer.get("data")
     if not isinstance(data, str):
         return None
     try:
@@ -479,7 +545,7 @@ def _pulled_chunks(descriptor, pull, key):
         done = _answer(pull(descriptor["ticket"], 0)).get("done")
     while offset < size:
         answer = _answer(pull(descriptor["ticket"], offset))
-        chunk, done = _decoded(answer.get("data")), answer.get("done")
+        chunk, done = _decoded(answer), answer.get("done")
         if chunk is None:
             raise TransferError(f"malformed chunk at offset {offset}")
         if key is not None:

@@ -351,7 +351,7 @@ def test_ipc_tcp_outputs(rendered):
 def test_gitfs_outputs(rendered):
     env, results = rendered("gitfs-acl")
     master = master_dataset(env, results)
-    assert master["fileserver_backend"] == ["roots", "gitfs"]
+    assert master["fileserver_backend"] == ["roots", "gitfs", "multimaster"]
     assert master["gitfs_provider"] == "pygit2"
     assert master["gitfs_remotes"] == ["https://git.example.com/salt/multimaster-formula.git"]
     assert master["publisher_acl"] == {"deploy": [{"web*": ["test.ping"]}]}

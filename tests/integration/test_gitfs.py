@@ -110,7 +110,7 @@ def master1_factory(salt_factories, ports, pillar_tree, key_acceptor, bare_repo)
         "multimaster"
     ]
     (conf_d / "multimaster.conf").write_text(
-        yaml.safe_dump(devkit.multimaster_master_options(section))
+        yaml.safe_dump(devkit.multimaster_master_options(section, backends=["gitfs"]))
     )
     return factory
 

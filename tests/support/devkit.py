@@ -42,7 +42,7 @@ if str(REPO_ROOT / "_utils") not in sys.path:
     sys.path.insert(0, str(REPO_ROOT / "_utils"))
 
 from multimaster_daemon import port_open, read_pid, wait_for, wait_port  # noqa: E402
-from multimaster_settings import pull_acl, reactor_config  # noqa: E402
+from multimaster_settings import fileserver_backends, pull_acl, reactor_config  # noqa: E402
 
 __all__ = [
     "BIN",
@@ -147,7 +147,7 @@ def stop_pids(pids, timeout=30):
 
 
 # What a user puts on file_roots: the formula, not the whole checkout.
-FORMULA_PARTS = ("multimaster", "_modules", "_runners", "_states", "_utils")
+FORMULA_PARTS = ("multimaster", "_fileserver", "_modules", "_runners", "_states", "_utils")
 
 
 def copy_formula(dest):
@@ -314,13 +314,18 @@ def multimaster_section(masters, ports, mode="hot", **options):
     return {"mode": mode, "ports": ports.as_dict(), "masters": list(masters), **options}
 
 
-def multimaster_master_options(section, reactor=None):
+def multimaster_master_options(section, reactor=None, backends=("roots",)):
     """
     What ``multimaster.master`` renders into a master's ``master.d`` for the runners: the
-    ``multimaster`` section and the ``peer_run`` entry its control minions pull transfers with;
+    ``multimaster`` section, the ``peer_run`` entry its control minions pull transfers with and
+    the file server backends (``backends``, then the one serving ``sync_roots`` its content);
     with ``reactor`` (the pillar's ``multimaster:reactor``), the reactors it switches on.
     """
-    options = {"multimaster": section, "peer_run": pull_acl(section)}
+    options = {
+        "multimaster": section,
+        "peer_run": pull_acl(section),
+        "fileserver_backend": fileserver_backends(list(backends)),
+    }
     if reactor:
         options["reactor"] = reactor_config(reactor)
     return options

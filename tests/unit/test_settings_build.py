@@ -94,8 +94,10 @@ def test_hot_configs(defaults):
     assert not {"master", "minion", "lookup", "install_packages"} & set(section)
     assert section["mode"] == "hot"
     assert [m["minion_id"] for m in section["masters"]] == ["master1", "master2"]
-    for key in ("master_sign_pubkey", "fileserver_backend", "gitfs_remotes", "gitfs_provider"):
+    for key in ("master_sign_pubkey", "gitfs_remotes", "gitfs_provider"):
         assert key not in master
+    # The file server serves roots, and last the formula's transfers (sync_roots' content).
+    assert master["fileserver_backend"] == ["roots", "multimaster"]
 
 
 def test_reactors_are_rendered_only_when_pillar_asks(defaults):
@@ -206,9 +208,23 @@ def test_gitfs_remotes(defaults):
     remotes = ["https://git.example.com/salt/multimaster-formula.git"]
     settings = build(defaults, master={"gitfs": {"remotes": remotes}})
     master = ms.master_config(settings, settings["masters"][0])
-    assert master["fileserver_backend"] == ["roots", "gitfs"]
+    assert master["fileserver_backend"] == ["roots", "gitfs", "multimaster"]
     assert master["gitfs_provider"] == "pygit2"
     assert master["gitfs_remotes"] == remotes
+
+
+def test_fileserver_backends_come_from_pillar_in_order_once(defaults):
+    settings = build(
+        defaults, master={"fileserver_backend": ["gitfs", "roots"], "gitfs": {"remotes": ["x"]}}
+    )
+    master = ms.master_config(settings, settings["masters"][0])
+    assert master["fileserver_backend"] == ["gitfs", "roots", "multimaster"]
+
+
+@pytest.mark.parametrize("backends", [[], "roots", ["roots", ""], ["roots", 3], None])
+def test_a_bad_fileserver_backend_list_is_refused_by_name(defaults, backends):
+    with pytest.raises(ms.SettingsError, match="master:fileserver_backend"):
+        build(defaults, master={"fileserver_backend": backends})
 
 
 def test_acl_is_passed_through_identically_to_every_master(defaults):

@@ -14,6 +14,7 @@ import pytest
 from .. import harness
 from ..harness import Ports
 from . import keytools
+from .conftest import START_TIMEOUT
 
 pytestmark = pytest.mark.integration
 
@@ -52,6 +53,19 @@ def MASTER_OPTIONS(index, pillar_dir):  # noqa: N802  (the conftest hook's name)
 
 @pytest.fixture(scope="module")
 def cluster(key_cluster):
+    """
+    The key cluster, master1 restarted after the sync as ``multimaster.master`` restarts it:
+    its request workers load the file server backend that serves ``sync_roots`` its content.
+    """
+    master1 = key_cluster.masters[0]
+    master1.terminate()
+    master1.start(start_timeout=START_TIMEOUT)
+    control = [c.id for c in key_cluster.control]
+    harness.wait_for(
+        lambda: keytools.pingers(master1, timeout=5) == sorted(control),
+        120,
+        what="the control minions answering master1 again",
+    )
     return key_cluster
 
 
@@ -142,6 +156,8 @@ def test_sync_mirrors_files_modes_and_deletions_without_following_symlinks(clust
     report = ret.data["masters"][cluster.masters[1].id]
     skipped = report["changes"]["skipped"]
     assert set(skipped.values()) == {"symlink (never followed)"}, skipped
+    # The content came through master1's file server (its multimaster backend), not peer_run.
+    assert {ret.data["masters"][m.id]["via"] for m in cluster.masters[1:]} == {"fileserver"}
     source = [content(snapshot(p)) for p in paths_of(cluster, 0)]
     for index in (1, 2):
         for src, dst in zip(source, paths_of(cluster, index), strict=True):

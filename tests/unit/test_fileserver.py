@@ -1,0 +1,147 @@
+"""
+The file server backend that serves sync_roots its content: only transfers staged for it, only
+by the ticket the recipient alone learns, raw chunks, used up by the last one; every other path
+falls through to the next backend.
+"""
+
+import os
+
+import pytest
+
+from .helpers import load_module
+
+import multimaster_transport as transport  # noqa: E402  isort: skip
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return load_module("multimaster_fileserver", "_fileserver/multimaster.py")
+
+
+@pytest.fixture
+def opts(tmp_path):
+    return {"cachedir": str(tmp_path)}
+
+
+@pytest.fixture
+def configure_loader_modules(backend, opts):
+    return {backend: {"__opts__": opts}}
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(transport, "CHUNK", 1000)
+
+
+def staged(opts, tmp_path, data, fileserver=True):
+    source = tmp_path / "source"
+    source.write_bytes(data)
+    key = os.urandom(32)
+    descriptor = transport.stage_files(
+        opts, "cm2", [(str(source), len(data))], key, fileserver=fileserver
+    )
+    return descriptor, key
+
+
+def path_of(descriptor):
+    return transport.FILESERVER_PREFIX + descriptor["ticket"]
+
+
+def served(backend, descriptor, offset, **load):
+    path = path_of(descriptor)
+    fnd = backend.find_file(path, "base")
+    return backend.serve_file({"path": path, "loc": offset, "saltenv": "base", **load}, fnd)
+
+
+def test_a_staged_stream_arrives_raw_and_the_ticket_is_used_up(
+    backend, opts, tmp_path, small_chunks
+):
+    data = os.urandom(2500)
+    descriptor, key = staged(opts, tmp_path, data)
+    assert backend.find_file(path_of(descriptor), "prod")["path"] == path_of(descriptor)
+
+    def pull(ticket, offset):
+        assert ticket == descriptor["ticket"]
+        answer = served(backend, descriptor, offset, id="cm2")
+        assert "data" not in answer and isinstance(answer["bytes"], bytes)
+        return answer
+
+    assert b"".join(transport.chunks(descriptor, pull, key)) == data
+    assert backend.find_file(path_of(descriptor), "base") == {"path": "", "rel": ""}
+    assert "error" in served(backend, descriptor, 0, id="cm2")
+
+
+def test_a_transfer_staged_for_peer_run_only_is_not_served(backend, opts, tmp_path):
+    # A keys bundle's or a plan's ticket travels in a publish every minion sees: never here.
+    descriptor, _ = staged(opts, tmp_path, b"bundle", fileserver=False)
+    assert backend.find_file(path_of(descriptor), "base") == {"path": "", "rel": ""}
+    answer = transport.serve_fileserver(opts, {"path": path_of(descriptor), "loc": 0})
+    assert "error" in answer and "bytes" not in answer
+
+
+def test_another_minion_naming_itself_is_refused(backend, opts, tmp_path):
+    descriptor, _ = staged(opts, tmp_path, b"content")
+    assert "not issued" in served(backend, descriptor, 0, id="intruder")["error"]
+    assert "bytes" in served(backend, descriptor, 0, id="cm2")
+
+
+def test_chunks_are_served_in_order_only(backend, opts, tmp_path, small_chunks):
+    descriptor, _ = staged(opts, tmp_path, os.urandom(2500))
+    assert "not the next one" in served(backend, descriptor, 1000)["error"]
+    assert served(backend, descriptor, 0)["offset"] == 0
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "top.sls",
+        "multimaster-transfer/../top.sls",
+        "multimaster-transfer/t" + "0" * 48,
+        "multimaster-transfer/T" + "0" * 48,
+        "multimaster-transfer/t" + "0" * 48 + "/x",
+    ],
+)
+def test_other_paths_fall_through(backend, path):
+    assert backend.find_file(path, "base") == {"path": "", "rel": ""}
+
+
+def test_it_adds_no_environment_and_lists_nothing(backend, opts, tmp_path):
+    staged(opts, tmp_path, b"content")
+    load = {"saltenv": "base"}
+    assert backend.envs() == []
+    assert backend.file_list(load) == backend.dir_list(load) == []
+    assert backend.file_list_emptydirs(load) == []
+    assert backend.file_hash(load, {"path": "x", "rel": "x"}) == {}
+
+
+def test_a_chunk_salt_handed_over_as_str_is_restored():
+    # Salt's request channel decodes bytes that happen to be valid UTF-8.
+    assert transport._decoded({"bytes": "é\x00"}) == "é\x00".encode()
+    assert transport._decoded({"bytes": 3}) is None
+
+
+@pytest.fixture
+def peer(monkeypatch):
+    module = load_module("multimaster_peer_fileserver", "_modules/multimaster_peer.py")
+    calls = []
+    monkeypatch.setattr(module, "_pull", lambda t, o: calls.append(("peer_run", o)) or {"o": o})
+    module.calls = calls
+    return module
+
+
+def test_the_peer_falls_back_to_peer_run_where_the_file_server_does_not_serve(peer):
+    # Salt's answer when no backend has the path: a master without the multimaster backend.
+    peer._fileserver_pull = lambda t, o: peer.calls.append(("fileserver", o)) or {"data": ""}
+    pull = peer._ContentPull()
+    assert pull("t1", 0) == {"o": 0} and pull("t1", 4) == {"o": 4}
+    assert pull.via == "peer_run"
+    assert peer.calls == [("fileserver", 0), ("peer_run", 0), ("peer_run", 4)]
+
+
+def test_the_peer_pulls_through_the_file_server_and_never_falls_back_mid_stream(peer):
+    answers = {0: {"bytes": b"x", "offset": 0, "size": 2}, 1: {"data": "", "dest": ""}}
+    peer._fileserver_pull = lambda t, o: answers[o]
+    pull = peer._ContentPull()
+    assert pull("t1", 0)["bytes"] == b"x"
+    assert "stopped serving" in pull("t1", 1)["error"]
+    assert pull.via == "fileserver" and peer.calls == []
