@@ -256,38 +256,47 @@ def _pull(ticket, offset):
     )
 
 
-def _fileserver_pull(ticket, offset):
-    """
-    One chunk of a content stream from the file server of the master that sent this job
-    (``_serve_file`` on the same request channel): no runner job on that master.
-    """
-    load = {
-        "cmd": "_serve_file",
-        "path": multimaster_transport.FILESERVER_PREFIX + ticket,
-        "loc": offset,
-        "saltenv": "base",
-    }
-    try:
-        with salt.channel.client.ReqChannel.factory(__opts__) as channel:
-            return channel.send(load, timeout=PULL_TIMEOUT)
-    except SaltReqTimeoutError:
-        return {"error": f"the file server did not answer within {PULL_TIMEOUT} s"}
-
-
 class _ContentPull:
     """
-    ``pull(ticket, offset)`` for a content stream: through the sending master's file server,
-    or through its ``peer_run`` pull when that file server does not serve transfers (its
-    ``fileserver_backend`` does not name ``multimaster`` yet, or it has not been restarted
-    since). ``via`` says which.
+    ``pull(ticket, offset)`` for a content stream: through the file server of the master that
+    sent this job (``_serve_file`` on this minion's request channel to it, one channel for the
+    stream: no runner job there, one key load here), or through its ``peer_run`` pull when that
+    file server does not serve transfers (its ``fileserver_backend`` does not name
+    ``multimaster`` yet, or it has not been restarted since). ``via`` says which; ``close``
+    when the stream is done.
     """
+
+    # Requests per channel: Salt's request channel keeps what it received while it is open
+    # (a channel kept for a 200 MB stream grew the minion by 220 MB in bench_sync_roots), and
+    # a new channel loads this minion's key again (a channel per 1 MiB chunk: 18 s, not 10 s).
+    REQUESTS_PER_CHANNEL = 16
 
     def __init__(self):
         self.via = "fileserver"
+        self._channel = None
+        self._requests = 0
+
+    def _fileserver_pull(self, ticket, offset):
+        if self._requests == self.REQUESTS_PER_CHANNEL:
+            self.close()
+        if self._channel is None:
+            self._channel = salt.channel.client.ReqChannel.factory(__opts__)
+            self._requests = 0
+        self._requests += 1
+        load = {
+            "cmd": "_serve_file",
+            "path": multimaster_transport.FILESERVER_PREFIX + ticket,
+            "loc": offset,
+            "saltenv": "base",
+        }
+        try:
+            return self._channel.send(load, timeout=PULL_TIMEOUT)
+        except SaltReqTimeoutError:
+            return {"error": f"the file server did not answer within {PULL_TIMEOUT} s"}
 
     def __call__(self, ticket, offset):
         if self.via == "fileserver":
-            answer = _fileserver_pull(ticket, offset)
+            answer = self._fileserver_pull(ticket, offset)
             if isinstance(answer, dict) and {"error", "offset", "done"} & set(answer):
                 return answer
             if offset:
@@ -295,6 +304,14 @@ class _ContentPull:
             # Salt's answer for a path no backend has: pull the same ticket by peer_run.
             self.via = "peer_run"
         return _pull(ticket, offset)
+
+    def close(self):
+        """
+        Close the request channel, if one was opened.
+        """
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
 
 
 def _pulled(transfer, limit):
@@ -784,11 +801,12 @@ def _paired_root(mopts, pair):
 
 
 def _write_all(reader, root, entries, report):
+    synced_dirs = set()
     for entry in entries:
         blocks = reader.blocks(entry["size"])
         try:
             multimaster_roots.write_file(
-                root, entry["path"], blocks, entry["mode"], entry["sha256"]
+                root, entry["path"], blocks, entry["mode"], entry["sha256"], synced_dirs
             )
             report["written"] += 1
             report["bytes"] += entry["size"]
@@ -797,6 +815,10 @@ def _write_all(reader, root, entries, report):
         # Keep the stream aligned: what a refused write did not read belongs to this file.
         for _ in blocks:
             pass
+    try:
+        multimaster_roots.sync_dirs(root, synced_dirs)
+    except OSError as exc:
+        report["failed"].append(f"{root}: {exc}")
 
 
 def _clear_file_list_cache(mopts):
@@ -848,7 +870,7 @@ def apply_roots(plan):
         multimaster_transport.check_descriptor(body.get("content")), pull, key
     )
     reader = multimaster_transport.Reader(stream)
-    with multimaster_roots.locked(mopts):
+    with contextlib.closing(pull), contextlib.closing(stream), multimaster_roots.locked(mopts):
         for root, pair in resolved:
             _write_all(reader, root, pair.get("write") or [], report)
         for root, pair in resolved:
@@ -864,8 +886,8 @@ def apply_roots(plan):
                     report["deleted"] += 1
                 except OSError as exc:
                     report["failed"].append(f"{root}: {path!r}: {exc}")
-    if reader.read(1):
-        report["failed"].append("the content stream is longer than the plan")
+        if reader.read(1):
+            report["failed"].append("the content stream is longer than the plan")
     _clear_file_list_cache(mopts)
     report["failed"] = report["failed"][:SAMPLE]
     report["via"] = pull.via

@@ -357,10 +357,12 @@ def _open_dir(root, parts, create):
     return fd
 
 
-def write_file(root, relpath, blocks, mode, expect_sha256=None):
+def write_file(root, relpath, blocks, mode, expect_sha256=None, synced_dirs=None):
     """
     Write ``relpath`` below ``root`` atomically from ``blocks`` (an iterable of bytes) with
     ``mode``; returns the SHA-256 written. Never writes through a symlink or outside ``root``.
+    The file is fsync'd before the rename, its directory after it (or later, by ``sync_dirs``,
+    when ``synced_dirs`` collects it).
 
     root
         The destination root directory.
@@ -377,6 +379,10 @@ def write_file(root, relpath, blocks, mode, expect_sha256=None):
     expect_sha256
         When given, the content must hash to it or nothing is renamed into place
         (``RootsError``).
+
+    synced_dirs
+        A set to add the file's directory to (a tuple of its parts) instead of fsyncing it
+        now: a caller writing many files syncs each directory once.
     """
     *dirs, name = check_relpath(relpath)
     dfd = _open_dir(root, dirs, create=True)
@@ -401,10 +407,32 @@ def write_file(root, relpath, blocks, mode, expect_sha256=None):
             except FileNotFoundError:
                 pass
             raise
-        os.fsync(dfd)
+        if synced_dirs is None:
+            os.fsync(dfd)
+        else:
+            synced_dirs.add(tuple(dirs))
         return digest_.hexdigest()
     finally:
         os.close(dfd)
+
+
+def sync_dirs(root, dirs):
+    """
+    fsync each directory of ``dirs`` below ``root`` (walked as ``write_file`` walks it): the
+    renames ``write_file`` made there are on disk.
+
+    root
+        The root directory.
+
+    dirs
+        Tuples of path parts below ``root`` (``()`` is the root itself).
+    """
+    for parts in sorted(dirs):
+        fd = _open_dir(root, list(parts), create=False)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def set_mode(root, relpath, mode):

@@ -30,7 +30,7 @@ def configure_loader_modules(backend, opts):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(transport, "CHUNK", 1000)
+    monkeypatch.setattr(transport, "FILESERVER_CHUNK", 1000)
 
 
 def staged(opts, tmp_path, data, fileserver=True):
@@ -60,13 +60,17 @@ def test_a_staged_stream_arrives_raw_and_the_ticket_is_used_up(
     descriptor, key = staged(opts, tmp_path, data)
     assert backend.find_file(path_of(descriptor), "prod")["path"] == path_of(descriptor)
 
+    offsets = []
+
     def pull(ticket, offset):
         assert ticket == descriptor["ticket"]
+        offsets.append(offset)
         answer = served(backend, descriptor, offset, id="cm2")
         assert "data" not in answer and isinstance(answer["bytes"], bytes)
         return answer
 
     assert b"".join(transport.chunks(descriptor, pull, key)) == data
+    assert offsets == [0, 1000, 2000]
     assert backend.find_file(path_of(descriptor), "base") == {"path": "", "rel": ""}
     assert "error" in served(backend, descriptor, 0, id="cm2")
 
@@ -131,8 +135,8 @@ def peer(monkeypatch):
 
 def test_the_peer_falls_back_to_peer_run_where_the_file_server_does_not_serve(peer):
     # Salt's answer when no backend has the path: a master without the multimaster backend.
-    peer._fileserver_pull = lambda t, o: peer.calls.append(("fileserver", o)) or {"data": ""}
     pull = peer._ContentPull()
+    pull._fileserver_pull = lambda t, o: peer.calls.append(("fileserver", o)) or {"data": ""}
     assert pull("t1", 0) == {"o": 0} and pull("t1", 4) == {"o": 4}
     assert pull.via == "peer_run"
     assert peer.calls == [("fileserver", 0), ("peer_run", 0), ("peer_run", 4)]
@@ -140,8 +144,8 @@ def test_the_peer_falls_back_to_peer_run_where_the_file_server_does_not_serve(pe
 
 def test_the_peer_pulls_through_the_file_server_and_never_falls_back_mid_stream(peer):
     answers = {0: {"bytes": b"x", "offset": 0, "size": 2}, 1: {"data": "", "dest": ""}}
-    peer._fileserver_pull = lambda t, o: answers[o]
     pull = peer._ContentPull()
+    pull._fileserver_pull = lambda t, o: answers[o]
     assert pull("t1", 0)["bytes"] == b"x"
     assert "stopped serving" in pull("t1", 1)["error"]
     assert pull.via == "fileserver" and peer.calls == []

@@ -252,3 +252,15 @@ def test_what_the_file_server_ignores_is_neither_listed_nor_reported(tmp_path):
     assert set(pillar["files"]) == {"web/init.sls", "web/init.pyc", ".venv/lib.py"}
     assert pillar["skipped"] == {".venv/bin/python": "symlink (never followed)"}
     assert roots.ignored_by({}) is None
+
+
+def test_a_batch_of_writes_syncs_each_directory_once_and_never_through_a_link(tmp_path):
+    synced = set()
+    for rel in ("a/b/one.sls", "a/b/two.sls", "top.sls"):
+        roots.write_file(tmp_path, rel, [b"x"], 0o644, synced_dirs=synced)
+    assert synced == {("a", "b"), ()}
+    roots.sync_dirs(tmp_path, synced)
+    (tmp_path / "a" / "b").rename(tmp_path / "a" / "moved")
+    (tmp_path / "a" / "b").symlink_to("/etc")
+    with pytest.raises(roots.RootsError, match="not a plain directory"):
+        roots.sync_dirs(tmp_path, {("a", "b")})
