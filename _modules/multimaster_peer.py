@@ -244,16 +244,23 @@ def _checked(action):
     return action, pem
 
 
-def _pull(ticket, offset):
+def _puller():
     """
-    One chunk of a transfer staged for this minion, from the master that sent this job (the
-    request channel of the minion connection that received it).
+    ``pull(ticket, offset)``: one chunk of a transfer staged for this minion, from the master
+    that sent this job (``peer_run`` on the request channel of the minion connection that
+    received it). Made in the job's thread: the transport pulls from a worker thread, where
+    Salt 3006/3007 resolve no loader global (``__salt__``), so the function is looked up here.
     """
-    return __salt__["publish.runner"](
-        multimaster_transport.PULL,
-        arg=[f"ticket={ticket}", f"offset={offset}"],
-        timeout=PULL_TIMEOUT,
-    )
+    runner = __salt__["publish.runner"]
+
+    def pull(ticket, offset):
+        return runner(
+            multimaster_transport.PULL,
+            arg=[f"ticket={ticket}", f"offset={offset}"],
+            timeout=PULL_TIMEOUT,
+        )
+
+    return pull
 
 
 class _ContentPull:
@@ -272,7 +279,10 @@ class _ContentPull:
     REQUESTS_PER_CHANNEL = 16
 
     def __init__(self):
+        # Made in the job's thread, called from the transport's worker thread (see _puller).
         self.via = "fileserver"
+        self._opts = dict(__opts__)
+        self._peer_run = _puller()
         self._channel = None
         self._requests = 0
 
@@ -280,7 +290,7 @@ class _ContentPull:
         if self._requests == self.REQUESTS_PER_CHANNEL:
             self.close()
         if self._channel is None:
-            self._channel = salt.channel.client.ReqChannel.factory(__opts__)
+            self._channel = salt.channel.client.ReqChannel.factory(self._opts)
             self._requests = 0
         self._requests += 1
         load = {
@@ -303,7 +313,7 @@ class _ContentPull:
                 return {"error": f"the file server stopped serving the transfer at {offset}"}
             # Salt's answer for a path no backend has: pull the same ticket by peer_run.
             self.via = "peer_run"
-        return _pull(ticket, offset)
+        return self._peer_run(ticket, offset)
 
     def close(self):
         """
@@ -315,7 +325,7 @@ class _ContentPull:
 
 
 def _pulled(transfer, limit):
-    return multimaster_transport.fetch(transfer, _pull, limit)
+    return multimaster_transport.fetch(transfer, _puller(), limit)
 
 
 def _pulled_json(transfer, limit, what):

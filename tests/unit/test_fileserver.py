@@ -128,7 +128,10 @@ def test_a_chunk_salt_handed_over_as_str_is_restored():
 def peer(monkeypatch):
     module = load_module("multimaster_peer_fileserver", "_modules/multimaster_peer.py")
     calls = []
-    monkeypatch.setattr(module, "_pull", lambda t, o: calls.append(("peer_run", o)) or {"o": o})
+    module.__opts__ = {"id": "cm2"}
+    monkeypatch.setattr(
+        module, "_puller", lambda: lambda t, o: calls.append(("peer_run", o)) or {"o": o}
+    )
     module.calls = calls
     return module
 
