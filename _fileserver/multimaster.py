@@ -83,38 +83,17 @@ def file_hash(load, fnd):  # pylint: disable=unused-argument
 
 def file_list(load):  # pylint: disable=unused-argument
     """
-    Nothing listed: transfers are found by their ticket only.
+    Nothing listed: transfers are found by their ticket only. Also ``file_list_emptydirs``
+    and ``dir_list``.
 
     CLI Example:
 
     .. code-block:: bash
 
         salt-run fileserver.file_list backend=multimaster
-    """
-    return []
-
-
-def file_list_emptydirs(load):  # pylint: disable=unused-argument
-    """
-    Nothing listed.
-
-    CLI Example:
-
-    .. code-block:: bash
-
-        salt-run fileserver.empty_dir_list backend=multimaster
-    """
-    return []
-
-
-def dir_list(load):  # pylint: disable=unused-argument
-    """
-    Nothing listed.
-
-    CLI Example:
-
-    .. code-block:: bash
-
         salt-run fileserver.dir_list backend=multimaster
     """
     return []
+
+
+file_list_emptydirs = dir_list = file_list

@@ -26,7 +26,7 @@ EXCLUDE = [
     "tests",
     "bench",
     "dist",
-    *(f"{d}/__pycache__" for d in ("_modules", "_states", "_utils", "_runners")),
+    *(f"{d}/__pycache__" for d in ("_fileserver", "_modules", "_states", "_utils", "_runners")),
 ]
 
 
@@ -118,6 +118,7 @@ def test_spm_build_and_install(spm):
         "multimaster/_modules/multimaster.py",
         "multimaster/_states/multimaster.py",
         "multimaster/_utils/multimaster_settings.py",
+        "multimaster/_fileserver/multimaster.py",
     ):
         assert member in names, f"{member} not in the package"
     strays = sorted(
@@ -134,6 +135,7 @@ def test_spm_build_and_install(spm):
         "_modules/multimaster.py",
         "_states/multimaster.py",
         "_utils/multimaster_settings.py",
+        "_fileserver/multimaster.py",
     ):
         assert (formulas / path).is_file(), f"{path} not installed"
     installed = pathlib.Path(spm.settings["pillar_path"]) / "multimaster.sls.orig"
