@@ -20,6 +20,8 @@ import os
 import re
 import stat
 
+import multimaster_transport
+
 VCS_DIRS = frozenset((".git", ".hg", ".svn", ".bzr", "CVS"))
 BLOCK = 1024 * 1024
 _TMP_PREFIX = ".multimaster-tmp-"
@@ -257,7 +259,9 @@ def synced_kinds(opts, kinds=ROOT_KINDS):
     git_pillar = any(isinstance(e, dict) and "git" in e for e in opts.get("ext_pillar") or [])
     for kind in kinds:
         if kind == "file_roots" and not _ROOTS_BACKENDS.intersection(backends):
-            notes.append(f"file_roots: masters serve files from {list(backends)}: nothing to sync")
+            # The formula's own backend serves transfers, not files: not worth naming here.
+            serving = [name for name in backends if name != multimaster_transport.BACKEND]
+            notes.append(f"file_roots: masters serve files from {serving}: nothing to sync")
         elif kind == "pillar_roots" and git_pillar:
             notes.append("pillar_roots: masters take pillar from git_pillar: nothing to sync")
         else:

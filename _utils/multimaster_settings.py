@@ -48,8 +48,6 @@ JOB_CACHE_PASSWORD_EXPECTED = (
     "the database user's password, from pillar targeted at the masters' control minions only"
 )
 # lookup:master:<part>_install/_pkg/_pip: how each Python dependency of the master installs.
-# The file server backend (_fileserver/multimaster.py) that serves sync_roots its transfers.
-TRANSFER_BACKEND = "multimaster"
 PYTHON_DEPS = {"gitfs": "pygit2 for gitfs", "job_cache": "psycopg2 for the job cache"}
 _DB_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
 _CLUSTER_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
@@ -582,7 +580,7 @@ def fileserver_backends(backends, gitfs=False):
         Whether ``master:gitfs:remotes`` are set.
     """
     out = []
-    for name in [*backends, *(["gitfs"] if gitfs else []), TRANSFER_BACKEND]:
+    for name in [*backends, *(["gitfs"] if gitfs else []), multimaster_transport.BACKEND]:
         if name not in out:
             out.append(name)
     return out

@@ -395,7 +395,9 @@ def serve(opts, requester, ticket, offset, jid=None, raw=False):
     return {**answer, "done": True} if done else answer
 
 
-# Where the file server finds a staged transfer: ``<prefix><ticket>`` in any environment.
+# The file server backend (_fileserver/multimaster.py) that serves transfers staged for it,
+# and where it finds one: ``<prefix><ticket>`` in any environment.
+BACKEND = "multimaster"
 FILESERVER_PREFIX = "multimaster-transfer/"
 _FILESERVER_PATH_RE = re.compile(re.escape(FILESERVER_PREFIX) + r"(t[0-9a-f]{48})\Z")
 

@@ -171,6 +171,8 @@ def test_content_that_does_not_match_its_manifest_is_not_renamed_into_place(tmp_
         ({}, ["file_roots", "pillar_roots"], []),
         ({"fileserver_backend": ["rootsfs", "gitfs"]}, ["file_roots", "pillar_roots"], []),
         ({"fileserver_backend": ["gitfs"]}, ["pillar_roots"], ["file_roots"]),
+        # The formula's transfer backend serves no files: gitfs alone still serves them.
+        ({"fileserver_backend": ["gitfs", "multimaster"]}, ["pillar_roots"], ["file_roots"]),
         ({"ext_pillar": [{"git": ["main https://x/p.git"]}]}, ["file_roots"], ["pillar_roots"]),
         ({"ext_pillar": [{"cmd_yaml": "cat /x"}]}, ["file_roots", "pillar_roots"], []),
     ],
@@ -264,3 +266,8 @@ def test_a_batch_of_writes_syncs_each_directory_once_and_never_through_a_link(tm
     (tmp_path / "a" / "b").symlink_to("/etc")
     with pytest.raises(roots.RootsError, match="not a plain directory"):
         roots.sync_dirs(tmp_path, {("a", "b")})
+
+
+def test_the_note_names_the_backends_that_serve_files():
+    _, notes = roots.synced_kinds({"fileserver_backend": ["gitfs", "multimaster"]}, ["file_roots"])
+    assert notes == ["file_roots: masters serve files from ['gitfs']: nothing to sync"]
