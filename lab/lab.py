@@ -587,7 +587,7 @@ def sync_roots(report):
         f"sync_roots -> master2: {counts.get('added', 0)} files added, "
         f"{counts.get('changed', 0)} changed, {counts.get('deleted', 0)} deleted, "
         f"{changes.get('bytes', 0)} bytes moved into master2's own roots under "
-        f"{master('master2').dir.relative_to(REPO) / 'srv'}"
+        f"{master('master2').dir.relative_to(REPO) / 'srv'} (via {synced.get('via')})"
     )
     listed = run(
         "salt-run", master("master2").dir, "fileserver.file_list", timeout=60, out="json"
