@@ -266,9 +266,9 @@ def _puller():
 class _ContentPull:
     """
     ``pull(ticket, offset)`` for a content stream: through the file server of the master that
-    sent this job (``_serve_file`` on this minion's request channel to it, one channel for the
-    stream: no runner job there, one key load here), or through its ``peer_run`` pull when that
-    file server does not serve transfers (its ``fileserver_backend`` does not name
+    sent this job (``_serve_file`` on this minion's request channel to it: no runner job
+    there, one key load per ``REQUESTS_PER_CHANNEL`` here), or through its ``peer_run`` pull
+    when that file server does not serve transfers (its ``fileserver_backend`` does not name
     ``multimaster`` yet, or it has not been restarted since). ``via`` says which; ``close``
     when the stream is done.
     """
