@@ -1076,7 +1076,7 @@ class _Nonce:
 
 
 # What ``multimaster_roots.manifests`` reads of a master's opts.
-_ROOTS_OPTS = ("file_roots", "pillar_roots", "file_ignore_regex", "file_ignore_glob")
+_ROOTS_OPTS = ("file_roots", "pillar_roots", "file_ignore_regex", "file_ignore_glob", "cachedir")
 
 
 def _layout(roots):

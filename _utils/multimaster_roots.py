@@ -19,12 +19,17 @@ import json
 import os
 import re
 import stat
+import tempfile
+import time
 
 import multimaster_transport
 
 VCS_DIRS = frozenset((".git", ".hg", ".svn", ".bzr", "CVS"))
 BLOCK = 1024 * 1024
 _TMP_PREFIX = ".multimaster-tmp-"
+# A file changed this recently is hashed again next time: a second write within one timestamp
+# tick would leave its size, mtime and ctime as they were.
+_RACY_NS = 2 * 10**9
 
 
 class RootsError(OSError):
@@ -114,7 +119,49 @@ def ignored_by(opts):
     )
 
 
-def manifest(root, ignored=None):
+def _hash_cache_path(cachedir, root):
+    name = hashlib.sha256(os.path.abspath(root).encode()).hexdigest()
+    return os.path.join(cachedir, "multimaster", "roots-hashes", f"{name}.json")
+
+
+def _load_hashes(path):
+    """
+    ``{relpath: [dev, ino, size, mtime_ns, ctime_ns, sha256]}`` from a hash cache; an
+    unreadable or malformed one is an empty cache (everything is hashed again).
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            hashes = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return hashes if isinstance(hashes, dict) else {}
+
+
+def _save_hashes(path, hashes):
+    """
+    Replace the hash cache at ``path`` atomically; a cache that cannot be written only costs
+    the next run its hashing.
+    """
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".hashes-")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(hashes, handle, separators=(",", ":"))
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _stat_key(info):
+    return [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+
+
+def manifest(root, ignored=None, cachedir=None):
     """
     ``(files, skipped)`` of the tree at ``root``: ``files`` maps relative paths to
     ``{"size", "mode", "sha256"}``; ``skipped`` maps relative paths to the reason (symlink,
@@ -125,10 +172,18 @@ def manifest(root, ignored=None):
 
     ignored
         A predicate (from ``ignored_by``): files it matches are left out, not reported.
+
+    cachedir
+        The master's cachedir: a file whose device, inode, size, mtime and ctime are those it
+        had when it was last hashed there is not read again (``ctime`` cannot be set back, so
+        content rewritten with its old size and mtime is hashed again).
     """
     files, skipped = {}, {}
     if not os.path.isdir(root):
         return files, skipped
+    cache_path = _hash_cache_path(cachedir, root) if cachedir else None
+    known = _load_hashes(cache_path) if cache_path else {}
+    fresh, trusted_before = {}, time.time_ns() - _RACY_NS
     stack = [""]
     while stack:
         prefix = stack.pop()
@@ -147,13 +202,23 @@ def manifest(root, ignored=None):
                         stack.append(rel + "/")
                 elif entry.is_file(follow_symlinks=False):
                     info = entry.stat(follow_symlinks=False)
+                    key = _stat_key(info)
+                    cached = known.get(rel)
+                    if isinstance(cached, list) and cached[:5] == key and len(cached) == 6:
+                        sha = cached[5]
+                    else:
+                        sha = sha256_file(entry.path)
+                    if max(info.st_mtime_ns, info.st_ctime_ns) < trusted_before:
+                        fresh[rel] = [*key, sha]
                     files[rel] = {
                         "size": info.st_size,
                         "mode": stat.S_IMODE(info.st_mode) & 0o777,
-                        "sha256": sha256_file(entry.path),
+                        "sha256": sha,
                     }
                 else:
                     skipped[rel] = "not a regular file"
+    if cache_path and fresh != known:
+        _save_hashes(cache_path, fresh)
     return files, skipped
 
 
@@ -162,6 +227,7 @@ def manifests(opts, kinds):
     ``{kind: {env: [{"path", "files", "skipped", "digest"}, ...]}}``: the manifest of each root
     of the master whose ``opts`` are given, per kind (``file_roots``/``pillar_roots``), per
     environment, in position order. ``file_roots`` leave out what the file server ignores.
+    Hashes are kept in the master's cachedir (``manifest``).
 
     opts
         The master's opts (its own config: roots never come from an argument).
@@ -176,7 +242,7 @@ def manifests(opts, kinds):
         for env, paths in (opts.get(kind) or {}).items():
             out[kind][env] = []
             for path in paths:
-                files, skipped = manifest(str(path), ignored)
+                files, skipped = manifest(str(path), ignored, opts.get("cachedir"))
                 out[kind][env].append(
                     {"path": str(path), "files": files, "skipped": skipped, "digest": digest(files)}
                 )

@@ -192,16 +192,19 @@ def stage_files(opts, recipient, members, key=None, ttl=TTL, fileserver=False):
         recipient alone learns (inside an envelope sealed to it), never one a publish carries.
     """
     ticket = "t" + os.urandom(24).hex()
-    _, meta_path = _paths(opts, ticket)
-    size = sum(int(member_size) for _, member_size in members)
+    data_path, meta_path = _paths(opts, ticket)
+    listed = [[str(path), int(member_size)] for path, member_size in members]
+    size = sum(member_size for _, member_size in listed)
     with _locked(opts) as directory:
         _prune(opts, directory)
+        # The member list never changes: it stays apart from the meta each chunk rewrites.
+        _write_private(data_path, json.dumps(listed).encode())
         meta = {
             "recipient": recipient,
             "expires": int(time.time()) + int(ttl),
             "size": size,
             "next": 0,
-            "members": [[str(path), int(member_size)] for path, member_size in members],
+            "members": True,
             "key": key.hex() if key else None,
             "fileserver": bool(fileserver),
         }
@@ -213,15 +216,39 @@ def _nonce(offset):
     return offset.to_bytes(12, "big")
 
 
-def _read_members(members, offset, count):
+# The member lists this process read last, by path: a stream of one transfer is served by the
+# same few request workers, chunk after chunk.
+_MEMBER_LISTS = {}
+
+
+def _member_list(path):
     """
-    ``count`` bytes of the concatenated ``members`` from ``offset`` (a short file is padded
-    with zeros, a grown one truncated: the recipient's per-file SHA-256 catches both).
+    ``(members, starts)`` of the member list at ``path``: ``[[path, size], ...]`` and each
+    member's offset in the stream.
     """
+    info = os.stat(path)
+    key = (info.st_ino, info.st_mtime_ns)
+    cached = _MEMBER_LISTS.get(path)
+    if cached and cached[0] == key:
+        return cached[1]
+    with open(path, encoding="utf-8") as handle:
+        members = json.load(handle)
     starts, total = [], 0
     for _, size in members:
         starts.append(total)
         total += size
+    while len(_MEMBER_LISTS) >= 4:
+        _MEMBER_LISTS.pop(next(iter(_MEMBER_LISTS)))
+    _MEMBER_LISTS[path] = (key, (members, starts))
+    return members, starts
+
+
+def _read_members(members, starts, offset, count):
+    """
+    ``count`` bytes of the concatenated ``members`` (which start at ``starts``) from
+    ``offset`` (a short file is padded with zeros, a grown one truncated: the recipient's
+    per-file SHA-256 catches both).
+    """
     out = bytearray()
     index = bisect.bisect_right(starts, offset) - 1
     while count > 0 and 0 <= index < len(members):
@@ -241,11 +268,12 @@ def _read_members(members, offset, count):
 
 
 def _chunk(meta, data_path, offset, size):
-    if meta.get("members") is None:
+    if not meta.get("members"):
         with open(data_path, "rb") as handle:
             handle.seek(offset)
             return handle.read(size)
-    return _read_members(meta["members"], offset, min(size, meta["size"] - offset))
+    members, starts = _member_list(data_path)
+    return _read_members(members, starts, offset, min(size, meta["size"] - offset))
 
 
 def forget_jobs(opts, jids):

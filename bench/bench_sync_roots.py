@@ -113,6 +113,8 @@ def main():
         for i in range(args.repeat):
             target = LAB.path(f"rsync-{i}")
             copy = [rsync, "-a", f"{source}/", target]
+            # Timed with nothing left to flush: the tree was just written.
+            os.sync()
             rsynced.append(timed(lambda c=copy: subprocess.run(c, check=True))[0])
             shutil.rmtree(target)
         rsync_time = statistics.median(rsynced)
@@ -122,6 +124,7 @@ def main():
         master_pid = devkit.read_pid(LAB.path("master1", "var", "run", "salt-master.pid"))
         idle_minion, idle_master = tree_peak_rss_mb(minion_pid), tree_peak_rss_mb(master_pid)
 
+        os.sync()
         with PeakSampler([minion_pid, master_pid]) as sampler:
             first, first_rss = sync_roots()
         minion_peak, master_peak = sampler.peaks[minion_pid], sampler.peaks[master_pid]

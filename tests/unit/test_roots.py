@@ -3,9 +3,12 @@ Roots trees: manifests skip what must not move, plans mirror the source, and wri
 the root whatever names or symlinks an attacker arranged.
 """
 
+import json
 import os
+import pathlib
 import stat
 import subprocess
+import time
 
 import pytest
 
@@ -271,3 +274,75 @@ def test_a_batch_of_writes_syncs_each_directory_once_and_never_through_a_link(tm
 def test_the_note_names_the_backends_that_serve_files():
     _, notes = roots.synced_kinds({"fileserver_backend": ["gitfs", "multimaster"]}, ["file_roots"])
     assert notes == ["file_roots: masters serve files from ['gitfs']: nothing to sync"]
+
+
+@pytest.fixture
+def counted_hashing(monkeypatch):
+    """The paths ``manifest`` reads to hash, in order; files older than now are trusted."""
+    read = []
+    real = roots.sha256_file
+    monkeypatch.setattr(roots, "sha256_file", lambda path: read.append(path) or real(path))
+    monkeypatch.setattr(roots, "_RACY_NS", 0)
+    return read
+
+
+def test_an_unchanged_file_is_hashed_once_per_master_cachedir(tree, tmp_path, counted_hashing):
+    cache = tmp_path / "cache"
+    first = roots.manifest(tree, cachedir=str(cache))
+    assert len(counted_hashing) == 5
+    counted_hashing.clear()
+    assert roots.manifest(tree, cachedir=str(cache)) == first
+    assert counted_hashing == []
+    # Another master's cachedir knows nothing of it.
+    assert roots.manifest(tree, cachedir=str(tmp_path / "other")) == first
+    assert len(counted_hashing) == 5
+
+
+def test_content_rewritten_with_its_old_size_and_mtime_is_hashed_again(
+    tree, tmp_path, counted_hashing
+):
+    cache = str(tmp_path / "cache")
+    before = roots.manifest(tree, cachedir=cache)[0]["top.sls"]
+    time.sleep(0.05)  # past the kernel's timestamp tick (coarse: up to 10 ms)
+    path = tree / "top.sls"
+    info = path.stat()
+    path.write_text("base: {'*': [evil]}\n"[: info.st_size].ljust(info.st_size))
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+    assert path.stat().st_size == info.st_size and path.stat().st_mtime_ns == info.st_mtime_ns
+    after = roots.manifest(tree, cachedir=cache)[0]["top.sls"]
+    assert after["sha256"] != before["sha256"]
+    assert after["sha256"] == roots.sha256_file(str(path))
+
+
+def test_a_file_changed_just_now_is_not_trusted_to_the_cache(tree, tmp_path, monkeypatch):
+    read = []
+    real = roots.sha256_file
+    monkeypatch.setattr(roots, "sha256_file", lambda path: read.append(path) or real(path))
+    cache = str(tmp_path / "cache")
+    roots.manifest(tree, cachedir=cache)
+    read.clear()
+    roots.manifest(tree, cachedir=cache)
+    assert len(read) == 5
+
+
+def test_a_damaged_hash_cache_is_ignored_and_replaced(tree, tmp_path, counted_hashing):
+    cache = tmp_path / "cache"
+    truth = roots.manifest(tree)
+    path = pathlib.Path(roots._hash_cache_path(str(cache), str(tree)))
+    for damaged in ("not json", "[1, 2]", '{"top.sls": "x", "empty": [1]}'):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(damaged)
+        assert roots.manifest(tree, cachedir=str(cache)) == truth
+        assert len(json.loads(path.read_text())) == 5
+
+
+def test_a_no_op_manifest_does_not_rewrite_the_cache(tree, tmp_path, counted_hashing):
+    cache = str(tmp_path / "cache")
+    roots.manifest(tree, cachedir=cache)
+    path = pathlib.Path(roots._hash_cache_path(cache, str(tree)))
+    inode = path.stat().st_ino
+    roots.manifest(tree, cachedir=cache)
+    assert path.stat().st_ino == inode
+    (tree / "empty").unlink()
+    roots.manifest(tree, cachedir=cache)
+    assert "empty" not in json.loads(path.read_text())

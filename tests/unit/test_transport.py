@@ -5,6 +5,7 @@ chunks, checked against the published size and SHA-256.
 
 import base64
 import os
+import pathlib
 import re
 import stat
 
@@ -171,6 +172,21 @@ def test_files_stream_encrypted_and_split_back_into_files(sender, small_chunks, 
         assert b"".join(reader.blocks(size, block=700)) == path.read_bytes()
     # What crossed the wire (and a job cache would keep) is ciphertext.
     assert not any(paths[1].read_bytes()[:64] in chunk for chunk in seen)
+
+
+def test_the_meta_rewritten_at_each_chunk_does_not_carry_the_member_list(
+    sender, small_chunks, tmp_path
+):
+    members = []
+    for n in range(200):
+        (tmp_path / f"file-{n:03}").write_bytes(b"x" * 30)
+        members.append((tmp_path / f"file-{n:03}", 30))
+    descriptor = transport.stage_files(sender, "cm2", members)
+    meta = pathlib.Path(transport.outbox(sender)) / (descriptor["ticket"] + ".meta")
+    assert meta.stat().st_size < 512
+    reader = transport.Reader(transport.chunks(descriptor, puller(sender, "cm2")))
+    assert b"".join(reader.blocks(200 * 30)) == b"x" * 6000
+    assert meta.stat().st_size < 512
 
 
 def test_an_encrypted_stream_with_the_wrong_key_fails(sender, tmp_path):
