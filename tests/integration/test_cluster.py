@@ -8,14 +8,17 @@ only the balancer.
 
 import contextlib
 import copy
+import hashlib
 import json
 import pathlib
+import re
 import shutil
 import stat
 import subprocess
 import time
 
 import multimaster_keystore
+import psutil
 import pytest
 import yaml
 
@@ -238,14 +241,51 @@ def answers(master, timeout=10, target=f"{PREFIX}-minion*"):
     return sorted(k for k, v in data.items() if v is True)
 
 
+def _tail(path, pattern, count=6):
+    """The last ``count`` lines of the log at ``path`` that match ``pattern``."""
+    try:
+        lines = pathlib.Path(path).read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return [f"({exc})"]
+    return [re.sub(r"\s{2,}", " ", line)[:200] for line in lines if re.search(pattern, line)][
+        -count:
+    ]
+
+
+def why_no_answer(cluster_set):
+    """
+    What a failed wait for the minions prints: the balancer's process, each master's cluster
+    AES key (a digest) and last sign-in, each minion's last connection events.
+    """
+    out = []
+    pid = harness.read_pid(cluster_set["lb_dir"] / "haproxy.pid")
+    out.append(f"haproxy pid {pid}: {'alive' if pid and psutil.pid_exists(pid) else 'gone'}")
+    for master in cluster_set["masters"]:
+        opts = multimaster_keystore.master_opts(master.config_dir)
+        aes = pathlib.Path(opts["cluster_pki_dir"]) / ".aes"
+        digest = hashlib.sha256(aes.read_bytes()).hexdigest()[:12] if aes.exists() else None
+        signed = _tail(master.config["log_file"], r"Authentication (accepted|rejected) from", 2)
+        out.append(f"{master.id}: .aes {digest}; {signed}")
+    for minion in cluster_set["minions"]:
+        pattern = r"\]\[(INFO|WARNING|ERROR) .*(master|[Aa]uth|AES|[Cc]onnect|session)"
+        out.append(f"{minion.id}: " + "\n  ".join(_tail(minion.config["log_file"], pattern)))
+    return "\n".join(out)
+
+
+def wait_for_answers(cluster_set, master, what, target=f"{PREFIX}-minion*", expected=MINIONS):
+    """
+    Wait (180 s) until every minion of ``expected`` answers ``master``; on timeout the
+    assertion says what the daemons last logged about their connections.
+    """
+    try:
+        harness.wait_for(lambda: answers(master, target=target) == sorted(expected), 180, 2, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{why_no_answer(cluster_set)}") from None
+
+
 def test_jobs_from_each_master_reach_every_minion(cluster_set):
     for master in cluster_set["masters"]:
-        harness.wait_for(
-            lambda m=master: answers(m) == sorted(MINIONS),
-            180,
-            2,
-            f"every minion to answer {master.id}",
-        )
+        wait_for_answers(cluster_set, master, f"every minion to answer {master.id}")
 
 
 def test_minions_behind_the_balancer_get_their_pillar_at_every_request(cluster_set):
@@ -445,11 +485,8 @@ def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minio
     assert f"server {JOINER} {JOINER}:{PORTS.ret}" in config
     assert harness.read_pid(cluster_set["lb_dir"] / "haproxy.pid") != pids_before
     for master in masters:
-        harness.wait_for(
-            lambda m=master: answers(m) == sorted(MINIONS),
-            180,
-            2,
-            f"every minion to answer {master.id} in the four-master cluster",
+        wait_for_answers(
+            cluster_set, master, f"every minion to answer {master.id} in the four-master cluster"
         )
 
 
@@ -510,11 +547,8 @@ def test_salt_key_changes_on_one_peer_reach_every_peer(cluster_set):
     # Salt rotates the AES key on the master that rejected (only there, with an isolated
     # filesystem): jobs from every master must still reach every minion.
     for master in masters:
-        harness.wait_for(
-            lambda m=master: answers(m) == sorted(MINIONS),
-            180,
-            2,
-            f"every minion to answer {master.id} after the reject",
+        wait_for_answers(
+            cluster_set, master, f"every minion to answer {master.id} after the reject"
         )
 
     salt_key_reaches_every_peer(masters[2], live, target, "accepted", "-a", "--include-rejected")
@@ -567,19 +601,17 @@ def test_every_master_restarted_at_once_is_ready_again_after_cluster_ready(clust
         lambda: all((h / "ready").exists() for h in health.values()), 120, 1, "every master ready"
     )
     for master, _ in live:
-        harness.wait_for(
-            lambda m=master: answers(m) == sorted(MINIONS),
-            180,
-            2,
-            f"every minion to answer {master.id} after the restart",
+        wait_for_answers(
+            cluster_set, master, f"every minion to answer {master.id} after the restart"
         )
     # The control minions the removal orchestration drives are back with their masters too.
     controls = sorted([cluster_set["lb"].id, *(control_minion_id(i) for i in range(len(live)))])
-    harness.wait_for(
-        lambda: answers(first, target=f"{PREFIX}-[cl]*") == controls,
-        180,
-        2,
+    wait_for_answers(
+        cluster_set,
+        first,
         "every control minion to answer after the restart",
+        target=f"{PREFIX}-[cl]*",
+        expected=controls,
     )
 
 
@@ -650,11 +682,8 @@ def test_remove_master_drains_stops_forgets_it_and_the_old_secret_cannot_rejoin(
         assert JOINER not in cluster_opts["cluster_peers"]
         assert cluster_opts["cluster_secret"] == new_secret
     for master in remaining:
-        harness.wait_for(
-            lambda m=master: answers(m) == sorted(MINIONS),
-            180,
-            2,
-            f"every minion to answer {master.id} after the removal",
+        wait_for_answers(
+            cluster_set, master, f"every minion to answer {master.id} after the removal"
         )
     print(f"members after the removal: {members(remaining[0])}")
     # The new secret went through pillar, states and restarts: only in the 0600 files.
@@ -692,11 +721,8 @@ def test_one_master_stopped_the_others_still_reach_every_minion(cluster_set):
     for master in cluster_set["masters"]:
         if master is stopped:
             continue
-        harness.wait_for(
-            lambda m=master: answers(m) == sorted(MINIONS),
-            180,
-            2,
-            f"every minion to answer {master.id} with {stopped.id} down",
+        wait_for_answers(
+            cluster_set, master, f"every minion to answer {master.id} with {stopped.id} down"
         )
     # status names the stopped master's ports as down and fails.
     ret = cluster_status(cluster_set["masters"][0])
