@@ -307,11 +307,15 @@ class _ContentPull:
     def __call__(self, ticket, offset):
         if self.via == "fileserver":
             answer = self._fileserver_pull(ticket, offset)
-            if isinstance(answer, dict) and {"error", "offset", "done"} & set(answer):
+            refused = isinstance(answer, dict) and answer.get("error")
+            if refused != multimaster_transport.NEEDS_ID and (
+                isinstance(answer, dict) and {"error", "offset", "done"} & set(answer)
+            ):
                 return answer
             if offset:
                 return {"error": f"the file server stopped serving the transfer at {offset}"}
-            # Salt's answer for a path no backend has: pull the same ticket by peer_run.
+            # Salt's answer for a path no backend has, or a Salt that signs no id into the
+            # request for a ticket that needs one: pull the same ticket by peer_run.
             self.via = "peer_run"
         return self._peer_run(ticket, offset)
 
@@ -324,13 +328,13 @@ class _ContentPull:
             self._channel = None
 
 
-def _pulled(transfer, limit):
-    return multimaster_transport.fetch(transfer, _puller(), limit)
+def _pulled(transfer, limit, pull=None):
+    return multimaster_transport.fetch(transfer, pull or _puller(), limit)
 
 
-def _pulled_json(transfer, limit, what):
+def _pulled_json(transfer, limit, what, pull=None):
     try:
-        return salt.utils.json.loads(_pulled(transfer, limit))
+        return salt.utils.json.loads(_pulled(transfer, limit, pull))
     except ValueError:
         raise CommandExecutionError(f"{what}: the pulled transfer is not JSON") from None
 
@@ -757,7 +761,33 @@ def _manifests(mopts, kinds):
     return roots, files
 
 
-def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None, unless=None):
+def _narrowed(files, dirs):
+    """
+    ``(files, partial)`` in the shape of ``files``: each root's manifest cut down to the
+    directories whose digests differ from the primary's ``dirs`` (the directories themselves
+    in ``partial``), or whole (``None`` in ``partial``) where ``dirs`` says nothing usable.
+    """
+    narrowed, partial = {}, {}
+    for kind, envs in files.items():
+        for env, roots in envs.items():
+            theirs = dirs.get(kind, {}).get(env) if isinstance(dirs, dict) else None
+            for index, manifest in enumerate(roots):
+                digests = (
+                    theirs[index] if isinstance(theirs, list) and index < len(theirs) else None
+                )
+                if not isinstance(digests, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in digests.items()
+                ):
+                    cut, where = manifest, None
+                else:
+                    where = multimaster_roots.differing_dirs(manifest, digests)
+                    cut = multimaster_roots.within(manifest, where)
+                narrowed.setdefault(kind, {}).setdefault(env, []).append(cut)
+                partial.setdefault(kind, {}).setdefault(env, []).append(where)
+    return narrowed, partial
+
+
+def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None, unless=None, dirs=None):
     """
     The roots of this host's master (``file_roots``/``pillar_roots`` of its own config): per
     kind, per environment, per position ``{"path", "digest", "count", "skipped"}``. With
@@ -778,6 +808,10 @@ def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None, unless=None):
         The primary's digests (``{kind: {env: [digest, ...]}}``): with ``full``, the manifests
         are left out when this master's digests equal them (nothing to sync: one round).
 
+    dirs
+        The primary's per-directory digests (``{kind: {env: [{dir: digest}, ...]}}``): with
+        ``full``, each manifest holds only the directories where the trees differ.
+
     CLI Example:
 
     .. code-block:: bash
@@ -788,8 +822,9 @@ def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None, unless=None):
     roots, files = _manifests(mopts, [kind for kind in kinds if kind in ROOT_KINDS])
     ret = {"roots": roots, "binding": _binding(master)}
     if full and multimaster_roots.digests(roots) != unless:
+        files, partial = _narrowed(files, dirs)
         ret["sealed"] = multimaster_seal.seal(
-            {"files": files},
+            {"files": files, "dirs": partial},
             "roots_manifest",
             master["id"],
             _read_own("minion_master.pub"),
@@ -861,7 +896,8 @@ def apply_roots(plan):
         salt-run multimaster.sync_roots   # the runner calls this; not meant for the CLI
     """
     master, mopts = _mopts()
-    envelope = _pulled_json(plan, PLAN_LIMIT, "roots plan")
+    with contextlib.closing(_ContentPull()) as pull:
+        envelope = _pulled_json(plan, PLAN_LIMIT, "roots plan", pull)
     body, _ = multimaster_seal.unseal(
         envelope,
         "roots",

@@ -183,15 +183,17 @@ def _bound(binding, **extra):
     )
 
 
-def _staged(section, master, document):
+def _staged(section, master, document, fileserver=False):
     """
     Stage ``document`` (JSON) for ``master``'s control minion to pull from this master: the
-    publish carries only the descriptor.
+    publish carries only the descriptor. ``fileserver``: also served through this master's
+    file server, to that minion's authenticated id only (for a sealed document).
     """
     return multimaster_transport.stage(
         __opts__,
         _by_id(section)[master]["minion_id"],
         salt.utils.json.dumps(document).encode(),
+        fileserver=fileserver,
     )
 
 
@@ -1152,10 +1154,46 @@ def _git_check(git):
     _mapping_of(git, "git", lambda remotes: _mapping_of(remotes, "git remotes", branches))
 
 
+def _dir_digests(local):
+    """
+    ``{kind: {env: [{dir: digest}, ...]}}`` of this master's roots, for the peers to return
+    only the directories that differ; ``None`` when that would not fit in a small publish.
+    """
+    dirs = {
+        kind: {
+            env: [multimaster_roots.dir_digests(r["files"]) for r in rs] for env, rs in envs.items()
+        }
+        for kind, envs in local.items()
+    }
+    size = len(salt.utils.json.dumps(dirs))
+    return dirs if size <= multimaster_roots.DIR_DIGESTS_LIMIT else None
+
+
+def _partial_check(partial, files):
+    """
+    The peer's ``dirs`` (which directories each manifest covers; ``None``: all), checked to
+    have the shape of ``files``.
+    """
+    if partial is None:
+        return None
+    for kind, envs in files.items():
+        for env, roots in envs.items():
+            given = partial.get(kind, {}).get(env) if isinstance(partial, dict) else None
+            if not isinstance(given, list) or len(given) != len(roots):
+                raise Refused(f"the directories of {kind} {env} do not match the manifests")
+            for where in given:
+                if where is not None and not (
+                    isinstance(where, list) and all(isinstance(d, str) for d in where)
+                ):
+                    raise Refused(f"malformed directory list in {kind} {env}")
+    return partial
+
+
 def _opened_manifest(section, master, answer, nonce):
     """
-    The peer's file manifests, unsealed with this master's key and checked to be signed by
-    the peer's control minion (its key accepted here) and bound to this run.
+    ``(files, partial)``: the peer's file manifests, unsealed with this master's key and
+    checked to be signed by the peer's control minion (its key accepted here) and bound to
+    this run; and per root the directories a manifest covers (``None``: the whole root).
     """
     entry = _by_id(section)[master]
     problem = _recipient_problem(entry, {})
@@ -1170,20 +1208,27 @@ def _opened_manifest(section, master, answer, nonce):
         {"target": master, "config_dir": entry["config_dir"]},
         _Nonce(nonce),
     )
-    return body["files"]
+    return body["files"], _partial_check(body.get("dirs"), body["files"])
 
 
-def _roots_plan(local, files):
+def _roots_plan(local, files, partial=None):
     """
     ``(pairs, members)``: per paired root what to write, re-mode and delete; the source files
-    of the content stream in order.
+    of the content stream in order. Where ``partial`` names the directories a peer's manifest
+    covers, only those directories are compared (the others are equal).
     """
     pairs, members = [], []
     for kind, envs in local.items():
         for env, rs in envs.items():
             for index, source in enumerate(rs):
                 target = files.get(kind, {}).get(env, [])[index]
-                diff = multimaster_roots.plan(source["files"], target)
+                where = (partial or {}).get(kind, {}).get(env, [None] * len(rs))[index]
+                mine = (
+                    source["files"]
+                    if where is None
+                    else multimaster_roots.within(source["files"], where)
+                )
+                diff = multimaster_roots.plan(mine, target)
                 write = [
                     {"path": path, **source["files"][path]} for path in diff["add"] + diff["change"]
                 ]
@@ -1244,7 +1289,8 @@ def _deliver_roots(section, master, pairs, members, binding):
         _signer_key(),
         _bound(_binding({"binding": binding}, master)),
     )
-    return _staged(section, master, plan)
+    # Sealed to the peer: its file server may hand it over, to that minion only.
+    return _staged(section, master, plan, fileserver=True)
 
 
 def sync_roots(roots="both", test=False, timeout=300):
@@ -1292,7 +1338,13 @@ def sync_roots(roots="both", test=False, timeout=300):
             section,
             _ids(section),
             "roots_manifest",
-            {"kinds": kinds, "full": True, "nonce": nonce, "unless": digests},
+            {
+                "kinds": kinds,
+                "full": True,
+                "nonce": nonce,
+                "unless": digests,
+                "dirs": _dir_digests(local),
+            },
             timeout,
             _roots_check,
         )
@@ -1316,8 +1368,8 @@ def sync_roots(roots="both", test=False, timeout=300):
 
 def _sync_one_root_set(section, master, local, answer, nonce, test, timeout):
     try:
-        files = _opened_manifest(section, master, answer, nonce)
-        pairs, members = _roots_plan(local, files)
+        files, partial = _opened_manifest(section, master, answer, nonce)
+        pairs, members = _roots_plan(local, files, partial)
     except (SaltInvocationError, multimaster_seal.SealError, KeyError, IndexError) as exc:
         return {"result": False, "error": f"manifest of {master}: {exc}"}
     report = _roots_report(pairs, local)
@@ -1427,7 +1479,8 @@ def _roots_paths_differ(section, reachable, slots, timeout):
     opened = {}
     for master, answer in answers.items():
         try:
-            opened[master] = _opened_manifest(section, master, answer, nonce)
+            # No directory digests were sent: whole manifests.
+            opened[master] = _opened_manifest(section, master, answer, nonce)[0]
         except (SaltInvocationError, multimaster_seal.SealError, KeyError) as exc:
             errors[master] = f"manifest of {master}: {exc}"
     reference = reachable[0]

@@ -8,8 +8,10 @@ buffer: when two large returns arrive together, the second one waits there until
 event wakes the socket, and ``cmd`` waits out its whole timeout for a minion that answered in
 milliseconds (Salt 3008 reads the buffer instead). The master stores every return in its job
 cache right after it fires the event, so while the event stream is idle the missing returns are
-read from the job cache once a second (``local_cache`` retries a return file it finds half
-written; ``pgjsonb`` writes each return in one transaction).
+read from the job cache, first after 0.1 s, then at intervals growing by half up to a second
+(``local_cache`` retries a return file it finds half written; ``pgjsonb`` writes each return in
+one transaction). Salt 3008 still loses a large return from the stream at times (the sealed
+manifests of 5,000 files, about 1 MB): found in the cache, it costs 0.1 s, not a second.
 """
 
 import logging
@@ -17,7 +19,9 @@ import time
 
 log = logging.getLogger(__name__)
 
-# How long the event stream may stay idle before the job cache is read for missing returns.
+# How long the event stream may stay idle before the job cache is read for missing returns:
+# the first interval, grown by half after each look up to the last.
+CACHE_LOOK_FIRST = 0.1
 CACHE_LOOK_INTERVAL = 1.0
 
 
@@ -60,14 +64,16 @@ def cmd_returns(client, minions, fun, kwarg=None, timeout=None):
     events = client.get_iter_returns(
         jid, list(expected), timeout=timeout, tgt=list(minions), tgt_type="list", block=False
     )
-    next_look = time.monotonic() + CACHE_LOOK_INTERVAL
+    interval = CACHE_LOOK_FIRST
+    next_look = time.monotonic() + interval
     try:
         for item in events:
             if item:
                 returns.update({k: v for k, v in item.items() if "ret" in v})
             elif time.monotonic() >= next_look:
                 returns.update(_from_cache(client, jid, expected - set(returns)))
-                next_look = time.monotonic() + CACHE_LOOK_INTERVAL
+                interval = min(interval * 1.5, CACHE_LOOK_INTERVAL)
+                next_look = time.monotonic() + interval
             else:
                 # ``block=False`` yields at once when nothing came: pace the loop as ``cmd`` does.
                 time.sleep(0.01)

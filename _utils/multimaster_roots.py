@@ -275,6 +275,58 @@ def digests(roots):
     }
 
 
+# The most a publish may carry of one master's per-directory digests (JSON bytes): beyond it
+# the peers send whole manifests.
+DIR_DIGESTS_LIMIT = 32 * 1024
+
+
+def _dir_of(relpath):
+    return relpath.rpartition("/")[0]
+
+
+def dir_digests(files):
+    """
+    ``{directory: digest}`` of a manifest's files grouped by the directory that holds them
+    (``""`` for the root): two trees differ only in the directories whose digests differ.
+
+    files
+        The ``files`` part of a manifest.
+    """
+    groups = {}
+    for relpath, entry in files.items():
+        groups.setdefault(_dir_of(relpath), {})[relpath] = entry
+    return {directory: digest(group) for directory, group in groups.items()}
+
+
+def differing_dirs(files, theirs):
+    """
+    The sorted directories where the manifest ``files`` and the per-directory digests
+    ``theirs`` (``dir_digests`` of the other tree) disagree, including those only one side has.
+
+    files
+        The ``files`` part of this side's manifest.
+
+    theirs
+        ``{directory: digest}`` of the other side.
+    """
+    mine = dir_digests(files)
+    return sorted(d for d in set(mine) | set(theirs) if mine.get(d) != theirs.get(d))
+
+
+def within(files, dirs):
+    """
+    The entries of the manifest ``files`` that sit directly in one of ``dirs``.
+
+    files
+        The ``files`` part of a manifest.
+
+    dirs
+        Directories relative to the root (``""`` is the root).
+    """
+    dirs = set(dirs)
+    return {relpath: entry for relpath, entry in files.items() if _dir_of(relpath) in dirs}
+
+
 def plan(source, target):
     """
     What makes ``target`` equal to ``source``: ``{"add", "change", "mode", "delete"}``, sorted

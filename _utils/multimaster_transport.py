@@ -133,7 +133,7 @@ def settle(opts):
             _prune(opts, directory, spent_only=True)
 
 
-def stage(opts, recipient, data, ttl=TTL):
+def stage(opts, recipient, data, ttl=TTL, fileserver=False):
     """
     Stage ``data`` for ``recipient``; returns the descriptor to publish:
     ``{"ticket", "size", "sha256"}``.
@@ -149,6 +149,12 @@ def stage(opts, recipient, data, ttl=TTL):
 
     ttl
         Seconds the ticket stays valid (default 300).
+
+    fileserver
+        Also serve it through the master's file server, to a request whose authenticated id
+        is ``recipient`` only (Salt 3008 signs the id into every request; an older Salt's
+        request without one is refused with ``NEEDS_ID``, and the recipient pulls by
+        ``peer_run``). For data sealed to the recipient: its ticket travels in a publish.
     """
     ticket = "t" + os.urandom(24).hex()
     data_path, meta_path = _paths(opts, ticket)
@@ -160,9 +166,16 @@ def stage(opts, recipient, data, ttl=TTL):
             "expires": int(time.time()) + int(ttl),
             "size": len(data),
             "next": 0,
+            "fileserver": _BY_ID if fileserver else False,
         }
         _write_private(meta_path, json.dumps(meta).encode())
     return {"ticket": ticket, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+# A transfer the file server serves only to a request that carries the recipient's id (its
+# ticket was published), and what it answers a request without one.
+_BY_ID = "by-id"
+NEEDS_ID = "ticket is served to an authenticated minion id only: this request carries none"
 
 
 def stage_files(opts, recipient, members, key=None, ttl=TTL, fileserver=False):
@@ -387,6 +400,8 @@ def serve(opts, requester, ticket, offset, jid=None, raw=False):
             return {"error": "unknown or used ticket: refusing a replay"}
         if raw and not meta.get("fileserver"):
             return {"error": "ticket is not served through the file server"}
+        if raw and requester is None and meta["fileserver"] == _BY_ID:
+            return {"error": NEEDS_ID}
         if meta["recipient"] != requester and not (raw and requester is None):
             return {"error": f"ticket was not issued to {requester!r}"}
         if meta["expires"] <= time.time():

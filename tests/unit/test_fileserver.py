@@ -76,7 +76,7 @@ def test_a_staged_stream_arrives_raw_and_the_ticket_is_used_up(
 
 
 def test_a_transfer_staged_for_peer_run_only_is_not_served(backend, opts, tmp_path):
-    # A keys bundle's or a plan's ticket travels in a publish every minion sees: never here.
+    # A keys bundle's ticket travels in a publish every minion sees: never here.
     descriptor, _ = staged(opts, tmp_path, b"bundle", fileserver=False)
     assert backend.find_file(path_of(descriptor), "base") == {"path": "", "rel": ""}
     answer = transport.serve_fileserver(opts, {"path": path_of(descriptor), "loc": 0})
@@ -87,6 +87,29 @@ def test_another_minion_naming_itself_is_refused(backend, opts, tmp_path):
     descriptor, _ = staged(opts, tmp_path, b"content")
     assert "not issued" in served(backend, descriptor, 0, id="intruder")["error"]
     assert "bytes" in served(backend, descriptor, 0, id="cm2")
+
+
+def published(opts, data):
+    """A sealed document whose ticket a publish carries (the roots plan)."""
+    return transport.stage(opts, "cm2", data, fileserver=True)
+
+
+def test_a_published_ticket_is_served_to_the_recipients_authenticated_id_only(backend, opts):
+    descriptor = published(opts, b"sealed plan")
+    # Every minion saw the ticket: neither another id nor a request without one gets it ...
+    assert "not issued" in served(backend, descriptor, 0, id="intruder")["error"]
+    assert served(backend, descriptor, 0)["error"] == transport.NEEDS_ID
+    # ... and neither used it up.
+    answer = served(backend, descriptor, 0, id="cm2")
+    assert answer["bytes"] == b"sealed plan" and answer["done"] is True
+    assert "replay" in served(backend, descriptor, 0, id="cm2")["error"]
+
+
+def test_the_peer_pulls_a_published_ticket_by_peer_run_where_salt_sends_no_id(peer):
+    pull = peer._ContentPull()
+    pull._fileserver_pull = lambda t, o: {"error": transport.NEEDS_ID}
+    assert pull("t1", 0) == {"o": 0}
+    assert pull.via == "peer_run" and peer.calls == [("peer_run", 0)]
 
 
 def test_chunks_are_served_in_order_only(backend, opts, tmp_path, small_chunks):

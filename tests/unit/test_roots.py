@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from .helpers import UTILS  # noqa: F401  (puts _utils on sys.path)
+from .helpers import UTILS, load_module  # noqa: F401  (puts _utils on sys.path)
 
 import multimaster_roots as roots  # noqa: E402  isort: skip
 
@@ -346,3 +346,59 @@ def test_a_no_op_manifest_does_not_rewrite_the_cache(tree, tmp_path, counted_has
     (tree / "empty").unlink()
     roots.manifest(tree, cachedir=cache)
     assert "empty" not in json.loads(path.read_text())
+
+
+def test_directory_digests_name_only_the_directories_that_differ(tree, tmp_path):
+    primary = roots.manifest(tree)[0]
+    peer = dict(primary)
+    assert roots.differing_dirs(peer, roots.dir_digests(primary)) == []
+    peer["nested/deep/run.sh"] = {**peer["nested/deep/run.sh"], "mode": 0o644}
+    peer["stale/old.sls"] = {"size": 1, "mode": 0o644, "sha256": "0" * 64}
+    del peer["top.sls"]
+    assert roots.differing_dirs(peer, roots.dir_digests(primary)) == ["", "nested/deep", "stale"]
+    assert sorted(roots.within(peer, ["stale", "nested/deep"])) == [
+        "nested/deep/run.sh",
+        "stale/old.sls",
+    ]
+
+
+@pytest.fixture
+def runner():
+    return load_module("multimaster_runner_roots", "_runners/multimaster.py")
+
+
+@pytest.fixture
+def peer_module():
+    return load_module("multimaster_peer_roots", "_modules/multimaster_peer.py")
+
+
+def test_a_peer_manifest_cut_to_the_differing_directories_plans_as_the_whole_one(
+    tree, runner, peer_module
+):
+    files = roots.manifest(tree)[0]
+    local = {"file_roots": {"base": [{"path": str(tree), "files": files, "skipped": {}}]}}
+    theirs = dict(files)
+    theirs["nested/deep/run.sh"] = {**theirs["nested/deep/run.sh"], "sha256": "1" * 64}
+    theirs["gone/old.sls"] = {"size": 1, "mode": 0o644, "sha256": "0" * 64}
+    del theirs["blob.bin"]
+    whole = {"file_roots": {"base": [theirs]}}
+    cut, partial = peer_module._narrowed(whole, runner._dir_digests(local))
+    assert partial == {"file_roots": {"base": [["", "gone", "nested/deep"]]}}
+    assert "top.sls" in cut["file_roots"]["base"][0]  # same directory as the missing blob
+    assert "with space.sls" in cut["file_roots"]["base"][0]
+    assert runner._roots_plan(local, cut, partial) == runner._roots_plan(local, whole)
+    pairs, _ = runner._roots_plan(local, cut, partial)
+    assert [w["path"] for w in pairs[0]["write"]] == ["blob.bin", "nested/deep/run.sh"]
+    assert pairs[0]["delete"] == ["gone/old.sls"]
+    # Digests the publish cannot carry, or garbage in their place: the whole manifest.
+    assert peer_module._narrowed(whole, None) == (whole, {"file_roots": {"base": [None]}})
+    garbage = {"file_roots": {"base": [{"x": 1}]}}
+    assert peer_module._narrowed(whole, garbage)[0] == whole
+
+
+def test_a_peer_s_directory_list_that_does_not_match_its_manifests_is_refused(runner):
+    files = {"file_roots": {"base": [{}]}}
+    assert runner._partial_check(None, files) is None
+    for bad in ({}, {"file_roots": {"base": []}}, {"file_roots": {"base": [[1]]}}):
+        with pytest.raises(runner.Refused):
+            runner._partial_check(bad, files)
