@@ -8,8 +8,9 @@ Starts two masters (127.0.0.21-22) and their control minions inside bench/run/ro
 ones, random content), master2's its own empty root. Then measures in one run:
 
 - floor: ``salt -L master2 test.ping`` (one publish round trip, CLI included);
-- rsync: ``rsync -a`` of master1's tree into an empty directory (same disk, same run);
-- first: the first ``sync_roots roots=file`` (the whole tree to master2);
+- rsync: ``rsync -a`` of master1's tree into master2's (emptied) tree;
+- first: the first ``sync_roots roots=file`` (the whole tree into master2's emptied tree),
+  taking turns with rsync, each after an ``os.sync()``: both meet the disk in the same state;
 - no-op: ``sync_roots`` again (manifests and digests only);
 - one change: one file of the tree rewritten, then ``sync_roots``;
 - peak RSS of the ``salt-run`` process (against ``salt-run test.arg``, its idle size) and of
@@ -109,24 +110,31 @@ def main():
         floor = statistics.median(
             timed(lambda: LAB.ping("master2", ("-L",)))[0] for _ in range(args.repeat)
         )
-        rsynced = []
-        for i in range(args.repeat):
-            target = LAB.path(f"rsync-{i}")
-            copy = [rsync, "-a", f"{source}/", target]
-            # Timed with nothing left to flush: the tree was just written.
-            os.sync()
-            rsynced.append(timed(lambda c=copy: subprocess.run(c, check=True))[0])
-            shutil.rmtree(target)
-        rsync_time = statistics.median(rsynced)
         idle_cmd = LAB.command("salt-run", "master1", "test.arg", "--out=json")
         idle_runner = peak_rss_mb(idle_cmd)[2]
         minion_pid = LAB.control_minion_pid("master2")
         master_pid = devkit.read_pid(LAB.path("master1", "var", "run", "salt-master.pid"))
         idle_minion, idle_master = tree_peak_rss_mb(minion_pid), tree_peak_rss_mb(master_pid)
 
-        os.sync()
+        # rsync and the first sync take turns between the same two directories, master2's
+        # emptied each time with nothing left to flush: both meet the disk in the same state.
+        target = LAB.path("master2", "tree")
+        copy = [rsync, "-a", f"{source}/", target]
+
+        def emptied():
+            shutil.rmtree(target, ignore_errors=True)
+            os.sync()
+
+        rsynced, firsts = [], []
         with PeakSampler([minion_pid, master_pid]) as sampler:
-            first, first_rss = sync_roots()
+            for _ in range(args.repeat):
+                emptied()
+                rsynced.append(timed(lambda: subprocess.run(copy, check=True))[0])
+                emptied()
+                firsts.append(sync_roots())
+        rsync_time = statistics.median(rsynced)
+        first = statistics.median(t for t, _ in firsts)
+        first_rss = max(r for _, r in firsts)
         minion_peak, master_peak = sampler.peaks[minion_pid], sampler.peaks[master_pid]
         copied = tree_size(LAB.path("master2", "tree"))
         if copied != (count, size):
@@ -155,7 +163,11 @@ def main():
     for name, secs, rel in rows:
         print(f"{name:<58} {secs:8.2f}  {rel or ''}")
     print(
-        f"\npeak RSS, MB (idle -> peak): salt-run {idle_runner:.0f} -> {peak_runner:.0f}; "
+        f"\neach run, s: rsync {', '.join(f'{t:.2f}' for t in rsynced)}; "
+        f"first sync_roots {', '.join(f'{t:.2f}' for t, _ in firsts)}"
+    )
+    print(
+        f"peak RSS, MB (idle -> peak): salt-run {idle_runner:.0f} -> {peak_runner:.0f}; "
         f"master2's control minion {idle_minion:.0f} -> {minion_peak:.0f}; "
         f"master1's daemons {idle_master:.0f} -> {master_peak:.0f}"
     )
