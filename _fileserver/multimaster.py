@@ -4,9 +4,11 @@ A file server backend that serves only the formula's staged transfers: the bulk 
 request channel the minion already has) for ``multimaster-transfer/<ticket>``, chunk by chunk.
 The request costs Salt no runner job, job cache entry or event, unlike a ``peer_run`` pull.
 
-It serves nothing else: no environments, no file list, and only tickets staged for it, which
-the recipient alone learns (inside the plan sealed to its key); every chunk is encrypted to it
-(AES-256-GCM) and the ticket is used up by the last chunk. Enabled by ``multimaster.master``,
+It serves nothing else: no environments, no file list, and only tickets staged for it: a
+content stream's, which the recipient alone learns (inside the plan sealed to its key), every
+chunk encrypted to it (AES-256-GCM); and the sealed plan's, which a publish carries, to the
+recipient's authenticated minion id only. The last chunk uses a ticket up. Enabled by
+``multimaster.master``,
 which names it in the master's ``fileserver_backend``:
 
 .. code-block:: yaml

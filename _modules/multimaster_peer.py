@@ -265,12 +265,13 @@ def _puller():
 
 class _ContentPull:
     """
-    ``pull(ticket, offset)`` for a content stream: through the file server of the master that
-    sent this job (``_serve_file`` on this minion's request channel to it: no runner job
-    there, one key load per ``REQUESTS_PER_CHANNEL`` here), or through its ``peer_run`` pull
-    when that file server does not serve transfers (its ``fileserver_backend`` does not name
-    ``multimaster`` yet, or it has not been restarted since). ``via`` says which; ``close``
-    when the stream is done.
+    ``pull(ticket, offset)`` for a roots plan or content stream: through the file server of
+    the master that sent this job (``_serve_file`` on this minion's request channel to it: no
+    runner job there, one key load per ``REQUESTS_PER_CHANNEL`` here), or through its
+    ``peer_run`` pull when that file server does not serve transfers (its
+    ``fileserver_backend`` does not name ``multimaster`` yet, or it has not been restarted
+    since) or refuses a published ticket to a request without an id (Salt before 3008).
+    ``via`` says which; ``close`` when the stream is done.
     """
 
     # Requests per channel: Salt's request channel keeps what it received while it is open

@@ -1,7 +1,8 @@
 """
-The file server backend that serves sync_roots its content: only transfers staged for it, only
-by the ticket the recipient alone learns, raw chunks, used up by the last one; every other path
-falls through to the next backend.
+The file server backend that serves sync_roots its content and plan: only transfers staged for
+it, by the ticket the recipient alone learns or, for a published ticket, to the recipient's
+authenticated id only; raw chunks, used up by the last one; every other path falls through to
+the next backend.
 """
 
 import os
