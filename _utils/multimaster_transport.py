@@ -152,9 +152,10 @@ def stage(opts, recipient, data, ttl=TTL, fileserver=False):
 
     fileserver
         Also serve it through the master's file server, to a request whose authenticated id
-        is ``recipient`` only (Salt 3008 signs the id into every request; an older Salt's
-        request without one is refused with ``NEEDS_ID``, and the recipient pulls by
-        ``peer_run``). For data sealed to the recipient: its ticket travels in a publish.
+        is ``recipient`` only (``_ids_signed``: Salt signs the id into every request; a
+        request without one, or a master that accepts unsigned ones, is answered
+        ``NEEDS_ID``, the ticket untouched, and the recipient pulls by ``peer_run``). For data
+        sealed to the recipient: its ticket travels in a publish.
     """
     ticket = "t" + os.urandom(24).hex()
     data_path, meta_path = _paths(opts, ticket)
@@ -173,9 +174,23 @@ def stage(opts, recipient, data, ttl=TTL, fileserver=False):
 
 
 # A transfer the file server serves only to a request that carries the recipient's id (its
-# ticket was published), and what it answers a request without one.
+# ticket was published), and what it answers a request whose id it cannot trust.
 _BY_ID = "by-id"
-NEEDS_ID = "ticket is served to an authenticated minion id only: this request carries none"
+NEEDS_ID = "ticket is served to an authenticated minion id only: this request's is not"
+
+
+def _ids_signed(opts):
+    """
+    Whether the master trusts the id in a request: at ``minimum_auth_version`` 3 (the default
+    of the pinned 3006, 3007 and 3008) Salt refuses older requests, and each one is encrypted
+    with that minion's own session key, names the same id outside and in, and carries a token
+    signed with its key. A master that lets older requests in takes their id on the word of
+    the AES key every minion holds.
+    """
+    try:
+        return int(opts.get("minimum_auth_version") or 0) >= 3
+    except (TypeError, ValueError):
+        return False
 
 
 def stage_files(opts, recipient, members, key=None, ttl=TTL, fileserver=False):
@@ -400,7 +415,7 @@ def serve(opts, requester, ticket, offset, jid=None, raw=False):
             return {"error": "unknown or used ticket: refusing a replay"}
         if raw and not meta.get("fileserver"):
             return {"error": "ticket is not served through the file server"}
-        if raw and requester is None and meta["fileserver"] == _BY_ID:
+        if raw and meta["fileserver"] == _BY_ID and (requester is None or not _ids_signed(opts)):
             return {"error": NEEDS_ID}
         if meta["recipient"] != requester and not (raw and requester is None):
             return {"error": f"ticket was not issued to {requester!r}"}

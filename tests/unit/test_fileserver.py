@@ -96,6 +96,7 @@ def published(opts, data):
 
 
 def test_a_published_ticket_is_served_to_the_recipients_authenticated_id_only(backend, opts):
+    opts["minimum_auth_version"] = 3  # Salt 3008's default: every request's id is signed
     descriptor = published(opts, b"sealed plan")
     # Every minion saw the ticket: neither another id nor a request without one gets it ...
     assert "not issued" in served(backend, descriptor, 0, id="intruder")["error"]
@@ -104,6 +105,17 @@ def test_a_published_ticket_is_served_to_the_recipients_authenticated_id_only(ba
     answer = served(backend, descriptor, 0, id="cm2")
     assert answer["bytes"] == b"sealed plan" and answer["done"] is True
     assert "replay" in served(backend, descriptor, 0, id="cm2")["error"]
+
+
+@pytest.mark.parametrize("version", [None, 2, "x"])
+def test_a_master_that_accepts_unsigned_requests_serves_no_published_ticket(backend, opts, version):
+    # Below version 3 a request is encrypted with the AES key every minion holds and its id
+    # is not checked: any minion could name itself the recipient and use the ticket up.
+    opts["minimum_auth_version"] = version
+    descriptor = published(opts, b"sealed plan")
+    assert served(backend, descriptor, 0, id="cm2")["error"] == transport.NEEDS_ID
+    opts["minimum_auth_version"] = 3
+    assert served(backend, descriptor, 0, id="cm2")["bytes"] == b"sealed plan"
 
 
 def test_the_peer_pulls_a_published_ticket_by_peer_run_where_salt_sends_no_id(peer):
