@@ -308,9 +308,10 @@ class _ContentPull:
     def __call__(self, ticket, offset):
         if self.via == "fileserver":
             answer = self._fileserver_pull(ticket, offset)
-            refused = isinstance(answer, dict) and answer.get("error")
-            if refused != multimaster_transport.NEEDS_ID and (
-                isinstance(answer, dict) and {"error", "offset", "done"} & set(answer)
+            if (
+                isinstance(answer, dict)
+                and answer.get("error") != multimaster_transport.NEEDS_ID
+                and {"error", "offset", "done"} & set(answer)
             ):
                 return answer
             if offset:

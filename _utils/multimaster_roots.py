@@ -19,10 +19,10 @@ import json
 import os
 import re
 import stat
-import tempfile
 import time
 
 import multimaster_transport
+import salt.utils.atomicfile
 
 VCS_DIRS = frozenset((".git", ".hg", ".svn", ".bzr", "CVS"))
 BLOCK = 1024 * 1024
@@ -139,22 +139,15 @@ def _load_hashes(path):
 
 def _save_hashes(path, hashes):
     """
-    Replace the hash cache at ``path`` atomically; a cache that cannot be written only costs
-    the next run its hashing.
+    Replace the hash cache at ``path`` atomically (in the master's 0700 cachedir); a cache
+    that cannot be written only costs the next run its hashing.
     """
-    directory = os.path.dirname(path)
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".hashes-")
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with salt.utils.atomicfile.atomic_open(path, "w") as handle:
             json.dump(hashes, handle, separators=(",", ":"))
-        os.replace(tmp, path)
     except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        pass
 
 
 def _stat_key(info):

@@ -277,13 +277,19 @@ def test_the_note_names_the_backends_that_serve_files():
 
 
 @pytest.fixture
-def counted_hashing(monkeypatch):
-    """The paths ``manifest`` reads to hash, in order; files older than now are trusted."""
+def hash_reads(monkeypatch):
+    """The paths ``manifest`` reads to hash, in order."""
     read = []
     real = roots.sha256_file
     monkeypatch.setattr(roots, "sha256_file", lambda path: read.append(path) or real(path))
-    monkeypatch.setattr(roots, "_RACY_NS", 0)
     return read
+
+
+@pytest.fixture
+def counted_hashing(hash_reads, monkeypatch):
+    """``hash_reads``, with files older than now trusted to the cache."""
+    monkeypatch.setattr(roots, "_RACY_NS", 0)
+    return hash_reads
 
 
 def test_an_unchanged_file_is_hashed_once_per_master_cachedir(tree, tmp_path, counted_hashing):
@@ -314,15 +320,12 @@ def test_content_rewritten_with_its_old_size_and_mtime_is_hashed_again(
     assert after["sha256"] == roots.sha256_file(str(path))
 
 
-def test_a_file_changed_just_now_is_not_trusted_to_the_cache(tree, tmp_path, monkeypatch):
-    read = []
-    real = roots.sha256_file
-    monkeypatch.setattr(roots, "sha256_file", lambda path: read.append(path) or real(path))
+def test_a_file_changed_just_now_is_not_trusted_to_the_cache(tree, tmp_path, hash_reads):
     cache = str(tmp_path / "cache")
     roots.manifest(tree, cachedir=cache)
-    read.clear()
+    hash_reads.clear()
     roots.manifest(tree, cachedir=cache)
-    assert len(read) == 5
+    assert len(hash_reads) == 5
 
 
 def test_a_damaged_hash_cache_is_ignored_and_replaced(tree, tmp_path, counted_hashing):
