@@ -9,8 +9,10 @@ ones, random content), master2's its own empty root. Then measures in one run:
 
 - floor: ``salt -L master2 test.ping`` (one publish round trip, CLI included);
 - rsync: ``rsync -a`` of master1's tree into master2's (emptied) tree;
+- rsync --fsync: the same with every file fsync'd, as ``sync_roots`` writes them (informative);
 - first: the first ``sync_roots roots=file`` (the whole tree into master2's emptied tree),
-  taking turns with rsync, each after an ``os.sync()``: both meet the disk in the same state;
+  taking turns with both rsyncs, each after the disk has gone quiet (synced, nothing written
+  for 3 s): all three meet the disk in the same state;
 - no-op: ``sync_roots`` again (manifests and digests only);
 - one change: one file of the tree rewritten, then ``sync_roots``;
 - peak RSS of the ``salt-run`` process (against ``salt-run test.arg``, its idle size) and of
@@ -26,7 +28,15 @@ import shutil
 import statistics
 import subprocess
 
-from benchlab import BenchLab, PeakSampler, devkit, peak_rss_mb, timed, tree_peak_rss_mb
+from benchlab import (
+    BenchLab,
+    PeakSampler,
+    devkit,
+    peak_rss_mb,
+    quiet_disk,
+    timed,
+    tree_peak_rss_mb,
+)
 
 MASTERS = [("master1", "127.0.0.21"), ("master2", "127.0.0.22")]
 LARGE = 100  # files that hold most of the bytes
@@ -116,23 +126,30 @@ def main():
         master_pid = devkit.read_pid(LAB.path("master1", "var", "run", "salt-master.pid"))
         idle_minion, idle_master = tree_peak_rss_mb(minion_pid), tree_peak_rss_mb(master_pid)
 
-        # rsync and the first sync take turns between the same two directories, master2's
-        # emptied each time with nothing left to flush: both meet the disk in the same state.
+        # The rsyncs and the first sync take turns between the same two directories, master2's
+        # emptied each time and the disk left to go quiet: all meet the disk in the same state.
         target = LAB.path("master2", "tree")
-        copy = [rsync, "-a", f"{source}/", target]
+        copies = {
+            "rsync": [rsync, "-a", f"{source}/", target],
+            "fsync": [rsync, "-a", "--fsync", f"{source}/", target],
+        }
 
         def emptied():
             shutil.rmtree(target, ignore_errors=True)
-            os.sync()
+            quiet_disk(LAB.path("master2"))
 
-        rsynced, firsts = [], []
+        rsynced, firsts = {name: [] for name in copies}, []
         with PeakSampler([minion_pid, master_pid]) as sampler:
             for _ in range(args.repeat):
-                emptied()
-                rsynced.append(timed(lambda: subprocess.run(copy, check=True))[0])
+                for name, copy in copies.items():
+                    emptied()
+                    rsynced[name].append(
+                        timed(lambda copy=copy: subprocess.run(copy, check=True))[0]
+                    )
                 emptied()
                 firsts.append(sync_roots())
-        rsync_time = statistics.median(rsynced)
+        rsync_time = statistics.median(rsynced["rsync"])
+        fsync_time = statistics.median(rsynced["fsync"])
         first = statistics.median(t for t, _ in firsts)
         first_rss = max(r for _, r in firsts)
         minion_peak, master_peak = sampler.peaks[minion_pid], sampler.peaks[master_pid]
@@ -155,7 +172,12 @@ def main():
     rows = [
         ("floor: salt -L master2 test.ping", floor, None),
         (f"rsync -a of the tree ({count} files, {size / 2**20:.0f} MB)", rsync_time, None),
-        ("first sync_roots (whole tree to master2)", first, f"{first / rsync_time:.2f} x rsync"),
+        ("rsync -a --fsync of the tree", fsync_time, None),
+        (
+            "first sync_roots (whole tree to master2)",
+            first,
+            f"{first / rsync_time:.2f} x rsync; {first / fsync_time:.2f} x rsync --fsync",
+        ),
         ("no-op sync_roots", noop, f"{noop / floor:.2f} x floor"),
         ("sync_roots after one changed file", change, f"{change / noop:.2f} x no-op"),
     ]
@@ -163,7 +185,8 @@ def main():
     for name, secs, rel in rows:
         print(f"{name:<58} {secs:8.2f}  {rel or ''}")
     print(
-        f"\neach run, s: rsync {', '.join(f'{t:.2f}' for t in rsynced)}; "
+        f"\neach run, s: rsync {', '.join(f'{t:.2f}' for t in rsynced['rsync'])}; "
+        f"rsync --fsync {', '.join(f'{t:.2f}' for t in rsynced['fsync'])}; "
         f"first sync_roots {', '.join(f'{t:.2f}' for t, _ in firsts)}"
     )
     print(

@@ -32,6 +32,39 @@ def write(path, text):
         handle.write(text)
 
 
+def _disk_counters(dev):
+    # /proc/diskstats: major minor name, reads completed ... writes completed (8th field),
+    # sectors written (10th), I/Os in flight (12th).
+    major, minor = str(os.major(dev)), str(os.minor(dev))
+    try:
+        with open("/proc/diskstats", encoding="ascii") as handle:
+            for line in handle:
+                fields = line.split()
+                if fields[:2] == [major, minor]:
+                    return fields[7], fields[9], fields[11]
+    except OSError:
+        pass
+    return None
+
+
+def quiet_disk(path, settle=3, timeout=60):
+    """
+    Sync, then wait until the block device holding ``path`` has written nothing for ``settle``
+    seconds (at most ``timeout``): a timed copy does not start while the one before is still
+    being flushed or discarded. Returns the seconds waited.
+    """
+    start = time.monotonic()
+    os.sync()
+    dev = os.stat(path).st_dev
+    last, calm = _disk_counters(dev), 0
+    while last is not None and calm < settle and time.monotonic() - start < timeout:
+        time.sleep(1)
+        now = _disk_counters(dev)
+        calm = calm + 1 if now == last else 0
+        last = now
+    return time.monotonic() - start
+
+
 def largest_load(master_dir):
     """
     The largest ``.load.p`` in the master's job cache: what its biggest publish (or kept job)
