@@ -8,7 +8,10 @@ bench/run/keys/, puts N accepted keys on the primary, then measures in one run:
 - floor: ``salt -L <peer control minions> test.ping`` (one publish round trip, CLI included);
 - full: the first ``sync_keys`` (every key copied to both peers);
 - no-op: ``sync_keys`` again (digests only);
-- 100 changes: 50 new accepted and 50 accepted keys rejected on the primary, then ``sync_keys``.
+- 100 changes: 50 new accepted and 50 accepted keys rejected on the primary, then ``sync_keys``;
+- Salt's own store: the N keys stored through ``salt.cache.Cache`` with the peers' driver into
+  a fresh scratch store, one ``store`` per key as the sync (and ``salt-key``) does: what the
+  driver alone costs, per peer.
 
 The whole scenario runs once per key-cache driver of the two peers (``localfs_key``, then
 ``mmap_key``; master1 stays on ``localfs_key``), and the figures are printed side by side.
@@ -21,8 +24,11 @@ keys across ids). Usage:
 
 import argparse
 import os
+import shutil
 import statistics
 
+import salt.cache
+import salt.config
 from benchlab import BenchLab, devkit, largest_load, timed, write
 
 MASTERS = [("master1", "127.0.0.11"), ("master2", "127.0.0.12"), ("master3", "127.0.0.13")]
@@ -60,6 +66,27 @@ def accepted_count(mid):
     return len(listed.get("minions", []))
 
 
+def store_seconds(driver, keys, pool):
+    """
+    Seconds Salt's ``driver`` takes to store ``keys`` accepted keys, one ``Cache.store`` each,
+    into a fresh scratch store beside master2's (same disk, same options).
+    """
+    scratch = LAB.path("store-scratch")
+    shutil.rmtree(scratch, ignore_errors=True)
+    opts = salt.config.master_config(os.path.join(LAB.config_dir("master2"), "master"))
+    opts.update({"pki_dir": scratch, "keys.cache_driver": driver, "cluster_id": None})
+    cache = salt.cache.Cache(opts, driver=driver)
+    entries = [(f"bench-{i:05d}", pool[i % len(pool)]) for i in range(keys)]
+
+    def store_all():
+        for mid, pem in entries:
+            cache.store("keys", mid, {"state": "accepted", "pub": pem})
+
+    seconds, _ = timed(store_all)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return seconds
+
+
 def scenario(driver, keys, repeat):
     """
     One run with the peers on ``driver``: ``{measure: seconds}`` and the largest publish.
@@ -85,7 +112,8 @@ def scenario(driver, keys, repeat):
             os.path.join(accepted, f"bench-{i:05d}"), os.path.join(rejected, f"bench-{i:05d}")
         )
     changed, _ = timed(sync)
-    times = {"floor": floor, "full": full, "noop": noop, "changed": changed}
+    store = store_seconds(driver, keys, pool)
+    times = {"floor": floor, "full": full, "noop": noop, "changed": changed, "store": store}
     return times, largest_load(LAB.path("master1"))
 
 
@@ -111,6 +139,7 @@ def main():
         (f"full first sync_keys ({args.keys} keys to 2 peers)", "full", "floor +"),
         ("no-op sync_keys", "noop", "x floor"),
         ("sync_keys after 100 changes", "changed", "x floor"),
+        (f"Salt's own store of {args.keys} keys (one peer)", "store", None),
     ]
     print(f"\n{'measure (seconds; relative)':<52}" + "".join(f"{d:>24}" for d in drivers))
     for name, key, rel in rows:
