@@ -868,6 +868,13 @@ def _write_all(reader, root, entries, report):
         report["failed"].append(f"{root}: {exc}")
 
 
+def _clear_temps(root, report):
+    try:
+        multimaster_roots.clear_temps(root)
+    except OSError as exc:
+        report["failed"].append(f"{root}: leftover temporary files: {exc}")
+
+
 def _clear_file_list_cache(mopts):
     # What ``salt-run fileserver.clear_file_list_cache backend=roots`` does: the master sees
     # new files at once instead of after fileserver_list_cache_time.
@@ -883,9 +890,10 @@ def apply_roots(plan):
     Make this master's roots equal to the primary's: open the plan (sealed to this control
     minion by the ``sync_roots`` runner, signed by its master, bound to a challenge from
     ``roots_manifest``), pull the content stream it names (encrypted with the plan's key; from
-    the primary's file server, else by ``peer_run``) and write each file atomically into the
-    paired root of this master's own config, then set modes and delete what the primary no
-    longer has. Holds this master's roots lock throughout. Returns counts, bytes, the path the
+    the primary's file server, else by ``peer_run``): delete what the primary no longer has
+    (and temporary files an interrupted sync left), write each file atomically into the paired
+    root of this master's own config, then set modes. Holds this master's roots lock
+    throughout. Returns counts, bytes, the path the
     content came by (``via``) and per-file failures; never the content.
 
     plan
@@ -919,6 +927,16 @@ def apply_roots(plan):
     )
     reader = multimaster_transport.Reader(stream)
     with contextlib.closing(pull), contextlib.closing(stream), multimaster_roots.locked(mopts):
+        # Deletions first: a file the primary turned into a directory (or the reverse) is out
+        # of the way before its replacement is written.
+        for root, pair in resolved:
+            _clear_temps(root, report)
+            for path in pair.get("delete") or []:
+                try:
+                    multimaster_roots.delete_file(root, path)
+                    report["deleted"] += 1
+                except OSError as exc:
+                    report["failed"].append(f"{root}: {path!r}: {exc}")
         for root, pair in resolved:
             _write_all(reader, root, pair.get("write") or [], report)
         for root, pair in resolved:
@@ -926,12 +944,6 @@ def apply_roots(plan):
                 try:
                     multimaster_roots.set_mode(root, path, mode)
                     report["modes"] += 1
-                except OSError as exc:
-                    report["failed"].append(f"{root}: {path!r}: {exc}")
-            for path in pair.get("delete") or []:
-                try:
-                    multimaster_roots.delete_file(root, path)
-                    report["deleted"] += 1
                 except OSError as exc:
                     report["failed"].append(f"{root}: {path!r}: {exc}")
         if reader.read(1):

@@ -1232,7 +1232,7 @@ def _roots_plan(local, files, partial=None):
                 write = [
                     {"path": path, **source["files"][path]} for path in diff["add"] + diff["change"]
                 ]
-                members += [(os.path.join(source["path"], w["path"]), w["size"]) for w in write]
+                members += [(source["path"], w["path"], w["size"]) for w in write]
                 pairs.append(
                     {
                         "kind": kind,

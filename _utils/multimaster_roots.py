@@ -4,9 +4,10 @@ and writes confined to one root.
 
 A manifest maps each regular file's path relative to its root to ``{"size", "mode", "sha256"}``.
 Symlinks below a root are never followed on either side: one in a source tree is skipped and
-reported, and a write walks the destination one directory at a time with ``O_NOFOLLOW``, so a
-symlinked directory (to ``/etc`` or anywhere) is refused rather than written through. VCS
-directories are skipped.
+reported, and a scan, a read of a staged file and a write each walk the tree one directory at a
+time by fd with ``O_NOFOLLOW``, so a symlinked directory (to ``/etc`` or anywhere), even one
+swapped in after the scan, is refused rather than read or written through. Only regular files
+are opened (``O_NONBLOCK``: a FIFO is refused, not waited on). VCS directories are skipped.
 Each file is written atomically (temp file in the same directory, fsync, rename); deletions
 remove the directories they leave empty, never the root itself.
 """
@@ -21,7 +22,6 @@ import re
 import stat
 import time
 
-import multimaster_transport
 import salt.utils.atomicfile
 
 VCS_DIRS = frozenset((".git", ".hg", ".svn", ".bzr", "CVS"))
@@ -45,6 +45,11 @@ def _unsafe_name(name):
         return "control character in name"
     if name.startswith(_TMP_PREFIX):
         return "temporary file of an interrupted sync"
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        # Undecodable bytes (surrogate escapes) cannot travel in a publish or a return.
+        return "name not valid UTF-8"
     return None
 
 
@@ -86,19 +91,81 @@ def check_relpath(relpath):
     return parts
 
 
-def sha256_file(path):
-    """
-    SHA-256 hex of the file at ``path``, read in blocks.
+# O_NONBLOCK: a FIFO swapped in for a file must not hang the reader (it is then refused).
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-    path
-        The file (opened without following a symlink).
+
+def open_regular(name, dir_fd=None, expect=None):
+    """
+    A read-only fd of the regular file ``name`` (in the directory ``dir_fd``), never through a
+    symlink, never of a FIFO or device; with ``expect`` (a stat result) only when it is still
+    that very file. ``RootsError`` otherwise.
+
+    name
+        The file's name (or path, without ``dir_fd``).
+
+    dir_fd
+        An fd of the directory holding it.
+
+    expect
+        The stat result the file must still match (device and inode).
+    """
+    fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise RootsError(f"{name!r}: not a regular file")
+        if expect is not None and (info.st_dev, info.st_ino) != (expect.st_dev, expect.st_ino):
+            raise RootsError(f"{name!r}: replaced while it was read")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def sha256_fd(fd):
+    """
+    SHA-256 hex of the open file ``fd``, read in blocks from its start; closes ``fd``.
+
+    fd
+        A read-only file descriptor (from ``open_regular``).
     """
     digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as handle:
         for block in iter(lambda: handle.read(BLOCK), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def sha256_file(path):
+    """
+    SHA-256 hex of the regular file at ``path``, read in blocks.
+
+    path
+        The file (opened without following a symlink).
+    """
+    return sha256_fd(open_regular(path))
+
+
+def open_below(root, relpath):
+    """
+    A read-only fd of the regular file ``relpath`` below ``root``, reached one directory at a
+    time without following any symlink: a directory swapped for a link after the scan is
+    refused, never read through (``RootsError``).
+
+    root
+        The root directory.
+
+    relpath
+        The file's path relative to ``root``.
+    """
+    *dirs, name = check_relpath(relpath)
+    dfd = _open_dir(root, dirs, create=False)
+    try:
+        return open_regular(name, dfd)
+    finally:
+        os.close(dfd)
 
 
 def ignored_by(opts):
@@ -154,6 +221,20 @@ def _stat_key(info):
     return [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
 
 
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def _cached_sha(cached, key):
+    """
+    The SHA-256 a hash cache entry holds for a file whose stat key is ``key``; None when the
+    entry is for another state of the file or not well formed (then the file is read again).
+    """
+    if not isinstance(cached, list) or len(cached) != 6 or cached[:5] != key:
+        return None
+    sha = cached[5]
+    return sha if isinstance(sha, str) and _SHA256_HEX.fullmatch(sha) else None
+
+
 def manifest(root, ignored=None, cachedir=None):
     """
     ``(files, skipped)`` of the tree at ``root``: ``files`` maps relative paths to
@@ -177,42 +258,78 @@ def manifest(root, ignored=None, cachedir=None):
     cache_path = _hash_cache_path(cachedir, root) if cachedir else None
     known = _load_hashes(cache_path) if cache_path else {}
     fresh, trusted_before = {}, time.time_ns() - _RACY_NS
-    stack = [""]
-    while stack:
-        prefix = stack.pop()
-        with os.scandir(os.path.join(root, prefix) if prefix else root) as entries:
-            for entry in entries:
-                rel = f"{prefix}{entry.name}"
-                reason = _unsafe_name(entry.name)
-                if ignored and not entry.is_dir(follow_symlinks=False) and ignored(rel):
-                    continue
-                if reason:
-                    skipped[rel] = reason
-                elif entry.is_symlink():
-                    skipped[rel] = "symlink (never followed)"
-                elif entry.is_dir(follow_symlinks=False):
-                    if entry.name not in VCS_DIRS:
-                        stack.append(rel + "/")
-                elif entry.is_file(follow_symlinks=False):
-                    info = entry.stat(follow_symlinks=False)
-                    key = _stat_key(info)
-                    cached = known.get(rel)
-                    if isinstance(cached, list) and cached[:5] == key and len(cached) == 6:
-                        sha = cached[5]
-                    else:
-                        sha = sha256_file(entry.path)
-                    if max(info.st_mtime_ns, info.st_ctime_ns) < trusted_before:
-                        fresh[rel] = [*key, sha]
-                    files[rel] = {
-                        "size": info.st_size,
-                        "mode": stat.S_IMODE(info.st_mode) & 0o777,
-                        "sha256": sha,
-                    }
-                else:
-                    skipped[rel] = "not a regular file"
+    for rel, entry, dfd in _walk(root, skipped, ignored):
+        info = entry.stat(follow_symlinks=False)
+        key = _stat_key(info)
+        sha = _cached_sha(known.get(rel), key)
+        if sha is None:
+            try:
+                sha = sha256_fd(open_regular(entry.name, dfd, expect=info))
+            except OSError as exc:
+                skipped[rel] = f"changed during the scan ({exc.strerror or exc})"
+                continue
+        if max(info.st_mtime_ns, info.st_ctime_ns) < trusted_before:
+            fresh[rel] = [*key, sha]
+        files[rel] = {
+            "size": info.st_size,
+            "mode": stat.S_IMODE(info.st_mode) & 0o777,
+            "sha256": sha,
+        }
     if cache_path and fresh != known:
         _save_hashes(cache_path, fresh)
     return files, skipped
+
+
+def _walk(root, skipped, ignored=None, temps=None):
+    """
+    ``(relpath, entry, dir_fd)`` of each regular file below ``root`` (a ``DirEntry`` read
+    through ``dir_fd``, its directory's fd, open while the caller looks at it). Directories
+    are entered by fd with ``O_NOFOLLOW``, so one swapped for a symlink during the walk is
+    never followed; symlinks, special files and unsafe names go into ``skipped``; VCS
+    directories and what ``ignored`` matches are left out. With ``temps`` (a list), the
+    relative paths of temporary files an interrupted sync left are added to it.
+    """
+    stack = [("", os.open(root, _DIR_FLAGS & ~os.O_NOFOLLOW))]
+    try:
+        while stack:
+            prefix, dfd = stack.pop()
+            try:
+                with os.scandir(dfd) as entries:
+                    for entry in entries:
+                        rel = f"{prefix}{entry.name}"
+                        is_dir = entry.is_dir(follow_symlinks=False)
+                        if ignored and not is_dir and ignored(rel):
+                            continue
+                        reason = _unsafe_name(entry.name)
+                        if (
+                            temps is not None
+                            and entry.name.startswith(_TMP_PREFIX)
+                            and entry.is_file(follow_symlinks=False)
+                        ):
+                            temps.append(rel)
+                        elif reason:
+                            skipped[rel] = reason
+                        elif entry.is_symlink():
+                            skipped[rel] = "symlink (never followed)"
+                        elif is_dir:
+                            if entry.name not in VCS_DIRS:
+                                _enter(stack, rel, entry.name, dfd, skipped)
+                        elif entry.is_file(follow_symlinks=False):
+                            yield rel, entry, dfd
+                        else:
+                            skipped[rel] = "not a regular file"
+            finally:
+                os.close(dfd)
+    finally:
+        for _, dfd in stack:
+            os.close(dfd)
+
+
+def _enter(stack, rel, name, dfd, skipped):
+    try:
+        stack.append((rel + "/", os.open(name, _DIR_FLAGS, dir_fd=dfd)))
+    except OSError as exc:
+        skipped[rel] = f"changed during the scan ({exc.strerror or exc})"
 
 
 def manifests(opts, kinds):
@@ -365,6 +482,9 @@ def synced_kinds(opts, kinds=ROOT_KINDS):
     kinds
         ``file_roots`` and/or ``pillar_roots``.
     """
+    # Imported here: the transport reads staged files through this module.
+    import multimaster_transport  # pylint: disable=import-outside-toplevel
+
     synced, notes = [], []
     backends = opts.get("fileserver_backend") or ["roots"]
     git_pillar = any(isinstance(e, dict) and "git" in e for e in opts.get("ext_pillar") or [])
@@ -456,6 +576,8 @@ def _open_dir(root, parts, create):
             if create:
                 try:
                     os.mkdir(part, 0o755, dir_fd=fd)
+                    # The new directory's entry is durable before any file goes in it.
+                    os.fsync(fd)
                 except FileExistsError:
                     pass
             try:
@@ -550,6 +672,42 @@ def sync_dirs(root, dirs):
             os.close(fd)
 
 
+def clear_temps(root):
+    """
+    Remove the temporary files an interrupted sync left below ``root`` (walked without
+    following symlinks); returns their relative paths. Call it holding the roots lock: every
+    sync writes under it, so no temporary file there is in use.
+
+    root
+        The destination root directory.
+    """
+    if not os.path.isdir(root):
+        return []
+    temps = []
+    for _ in _walk(root, {}, temps=temps):
+        pass
+    for relpath in temps:
+        *dirs, name = relpath.split("/")
+        _unlink(root, dirs, name)
+    return temps
+
+
+def _unlink(root, dirs, name):
+    try:
+        _remove(root, dirs, name, os.unlink)
+    except FileNotFoundError:
+        pass
+
+
+def _remove(root, dirs, name, remove):
+    # The entry itself (never what a symlink points at), in a directory reached without links.
+    dfd = _open_dir(root, dirs, create=False)
+    try:
+        remove(name, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
 def set_mode(root, relpath, mode):
     """
     Set the permission bits of ``relpath`` below ``root`` (a regular file; never a symlink).
@@ -566,8 +724,12 @@ def set_mode(root, relpath, mode):
     *dirs, name = check_relpath(relpath)
     dfd = _open_dir(root, dirs, create=False)
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+        fd = open_regular(name, dfd)
         try:
+            # A hard link put there could be a file outside the root (/etc/shadow): never
+            # change a mode another name shares.
+            if os.fstat(fd).st_nlink != 1:
+                raise RootsError(f"{relpath!r}: has other hard links; mode left as it is")
             os.fchmod(fd, mode & 0o777)
         finally:
             os.close(fd)
@@ -588,22 +750,12 @@ def delete_file(root, relpath):
     """
     *dirs, name = check_relpath(relpath)
     try:
-        dfd = _open_dir(root, dirs, create=False)
+        _unlink(root, dirs, name)
     except RootsError:
         return
-    try:
-        try:
-            os.unlink(name, dir_fd=dfd)
-        except FileNotFoundError:
-            pass
-    finally:
-        os.close(dfd)
     while dirs:
         leaf = dirs.pop()
-        parent = _open_dir(root, dirs, create=False)
         try:
-            os.rmdir(leaf, dir_fd=parent)
+            _remove(root, dirs, leaf, os.rmdir)
         except OSError:
             return
-        finally:
-            os.close(parent)

@@ -30,6 +30,7 @@ import time
 from contextlib import contextmanager
 
 import multimaster_jobcache
+import multimaster_roots
 import salt.loader
 import salt.utils.jid
 from cryptography.exceptions import InvalidTag
@@ -207,7 +208,8 @@ def stage_files(opts, recipient, members, key=None, ttl=TTL, fileserver=False):
         The minion id that may pull it.
 
     members
-        ``[(absolute path, size), ...]`` in stream order.
+        ``[(root, path relative to it, size), ...]`` in stream order: each file is read
+        through ``multimaster_roots.open_below``, so no symlink below its root is followed.
 
     key
         32 bytes to encrypt the stream with (seal it to the recipient separately), or ``None``.
@@ -221,8 +223,8 @@ def stage_files(opts, recipient, members, key=None, ttl=TTL, fileserver=False):
     """
     ticket = "t" + os.urandom(24).hex()
     data_path, meta_path = _paths(opts, ticket)
-    listed = [[str(path), int(member_size)] for path, member_size in members]
-    size = sum(member_size for _, member_size in listed)
+    listed = [[str(root), str(relpath), int(member_size)] for root, relpath, member_size in members]
+    size = sum(member_size for _, _, member_size in listed)
     with _locked(opts) as directory:
         _prune(opts, directory)
         # The member list never changes: it stays apart from the meta each chunk rewrites.
@@ -251,8 +253,8 @@ _MEMBER_LISTS = {}
 
 def _member_list(path):
     """
-    ``(members, starts)`` of the member list at ``path``: ``[[path, size], ...]`` and each
-    member's offset in the stream.
+    ``(members, starts)`` of the member list at ``path``: ``[[root, relpath, size], ...]``
+    and each member's offset in the stream.
     """
     info = os.stat(path)
     key = (info.st_ino, info.st_mtime_ns)
@@ -262,7 +264,7 @@ def _member_list(path):
     with open(path, encoding="utf-8") as handle:
         members = json.load(handle)
     starts, total = [], 0
-    for _, size in members:
+    for *_, size in members:
         starts.append(total)
         total += size
     while len(_MEMBER_LISTS) >= 4:
@@ -280,12 +282,11 @@ def _read_members(members, starts, offset, count):
     out = bytearray()
     index = bisect.bisect_right(starts, offset) - 1
     while count > 0 and 0 <= index < len(members):
-        path, size = members[index]
+        root, relpath, size = members[index]
         within = offset - starts[index]
         take = min(size - within, count)
         if take > 0:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as handle:
+            with os.fdopen(multimaster_roots.open_below(root, relpath), "rb") as handle:
                 handle.seek(within)
                 data = handle.read(take)
             out += data.ljust(take, b"\0")
@@ -431,7 +432,9 @@ def serve(opts, requester, ticket, offset, jid=None, raw=False):
         try:
             chunk = _chunk(meta, data_path, offset, FILESERVER_CHUNK if raw else CHUNK)
         except OSError as exc:
-            return {"error": f"cannot read the staged data: {exc.strerror}"}
+            # Never the path: a pillar file's name is not for the job cache.
+            reason = exc.strerror or "a file is no longer a regular file below its root"
+            return {"error": f"cannot read the staged data: {reason}"}
         meta["next"] = offset + len(chunk)
         meta["jids"] = [jid] if jid else []
         key, done = meta.get("key"), meta["next"] >= meta["size"]

@@ -39,7 +39,7 @@ def staged(opts, tmp_path, data, fileserver=True):
     source.write_bytes(data)
     key = os.urandom(32)
     descriptor = transport.stage_files(
-        opts, "cm2", [(str(source), len(data))], key, fileserver=fileserver
+        opts, "cm2", [(str(tmp_path), "source", len(data))], key, fileserver=fileserver
     )
     return descriptor, key
 

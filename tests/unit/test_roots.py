@@ -278,10 +278,12 @@ def test_the_note_names_the_backends_that_serve_files():
 
 @pytest.fixture
 def hash_reads(monkeypatch):
-    """The paths ``manifest`` reads to hash, in order."""
+    """The files ``manifest`` opens to hash (their fds' paths), in order."""
     read = []
-    real = roots.sha256_file
-    monkeypatch.setattr(roots, "sha256_file", lambda path: read.append(path) or real(path))
+    real = roots.sha256_fd
+    monkeypatch.setattr(
+        roots, "sha256_fd", lambda fd: read.append(os.readlink(f"/proc/self/fd/{fd}")) or real(fd)
+    )
     return read
 
 
@@ -405,3 +407,79 @@ def test_a_peer_s_directory_list_that_does_not_match_its_manifests_is_refused(ru
     for bad in ({}, {"file_roots": {"base": []}}, {"file_roots": {"base": [[1]]}}):
         with pytest.raises(runner.Refused):
             runner._partial_check(bad, files)
+
+
+def test_set_mode_never_changes_a_file_another_hard_link_shares(tmp_path):
+    # A local user on the peer replaces a file due for a mode change by a link to /etc/shadow.
+    shadow = tmp_path / "shadow"
+    shadow.write_text("root:*:\n")
+    shadow.chmod(0o600)
+    (tmp_path / "root").mkdir()
+    os.link(shadow, tmp_path / "root" / "f")
+    with pytest.raises(roots.RootsError, match="other hard links"):
+        roots.set_mode(tmp_path / "root", "f", 0o644)
+    assert stat.S_IMODE(shadow.stat().st_mode) == 0o600
+
+
+def test_set_mode_refuses_a_fifo_instead_of_waiting_on_it(tmp_path):
+    os.mkfifo(tmp_path / "f")
+    with pytest.raises(roots.RootsError, match="not a regular file"):
+        roots.set_mode(tmp_path, "f", 0o644)
+
+
+def test_a_directory_swapped_for_a_symlink_during_the_scan_is_not_read_through(
+    tmp_path, monkeypatch
+):
+    # A local user who can write below the primary's roots swaps sub/ for a link to a secret
+    # directory right after the scan has seen sub/ as a directory.
+    root, secret = tmp_path / "root", tmp_path / "secret"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "ok").write_text("ok\n")
+    secret.mkdir()
+    (secret / "hostname").write_text("TOP SECRET\n")
+    real_enter = roots._enter
+
+    def swap_then_enter(stack, rel, name, dfd, skipped):
+        (root / "sub").rename(tmp_path / "moved")
+        (root / "sub").symlink_to(secret)
+        real_enter(stack, rel, name, dfd, skipped)
+
+    monkeypatch.setattr(roots, "_enter", swap_then_enter)
+    files, skipped = roots.manifest(root)
+    assert files == {}
+    assert skipped["sub"].startswith("changed during the scan")
+
+
+def test_a_name_that_is_not_utf8_is_skipped_and_reported(tmp_path):
+    os.makedirs(tmp_path / "root")
+    with open(os.path.join(os.fsencode(tmp_path / "root"), b"caf\xe9.sls"), "w") as handle:
+        handle.write("x: 1\n")
+    files, skipped = roots.manifest(tmp_path / "root")
+    assert files == {} and list(skipped.values()) == ["name not valid UTF-8"]
+    json.dumps(roots.dir_digests(files))
+
+
+@pytest.mark.parametrize("sha", [None, "0" * 63, "Z" * 64, 7])
+def test_a_malformed_hash_cache_entry_is_not_trusted(tree, tmp_path, counted_hashing, sha):
+    cache = str(tmp_path / "cache")
+    files, _ = roots.manifest(tree, cachedir=cache)
+    path = roots._hash_cache_path(cache, str(tree))
+    with open(path, encoding="utf-8") as handle:
+        hashes = json.load(handle)
+    hashes["top.sls"][5] = sha
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(hashes, handle)
+    counted_hashing.clear()
+    again, _ = roots.manifest(tree, cachedir=cache)
+    assert [os.path.basename(p) for p in counted_hashing] == ["top.sls"]
+    assert again == files
+
+
+def test_temporary_files_an_interrupted_sync_left_are_cleared(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / ".multimaster-tmp-0123456789ab").write_text("half")
+    (tmp_path / "a" / "keep.sls").write_text("x\n")
+    (tmp_path / ".multimaster-tmp-link").symlink_to(tmp_path / "a" / "keep.sls")
+    assert roots.clear_temps(tmp_path) == ["a/.multimaster-tmp-0123456789ab"]
+    assert sorted(os.listdir(tmp_path / "a")) == ["keep.sls"]
+    assert (tmp_path / "a" / "keep.sls").read_text() == "x\n"

@@ -157,7 +157,7 @@ def test_files_stream_encrypted_and_split_back_into_files(sender, small_chunks, 
         paths.append(path)
     key = os.urandom(32)
     descriptor = transport.stage_files(
-        sender, "cm2", [(p, s) for p, s in zip(paths, sizes, strict=True)], key
+        sender, "cm2", [(tmp_path, p.name, s) for p, s in zip(paths, sizes, strict=True)], key
     )
     assert descriptor["size"] == sum(sizes) and descriptor["sha256"] is None
     seen = []
@@ -180,7 +180,7 @@ def test_the_meta_rewritten_at_each_chunk_does_not_carry_the_member_list(
     members = []
     for n in range(200):
         (tmp_path / f"file-{n:03}").write_bytes(b"x" * 30)
-        members.append((tmp_path / f"file-{n:03}", 30))
+        members.append((tmp_path, f"file-{n:03}", 30))
     descriptor = transport.stage_files(sender, "cm2", members)
     meta = pathlib.Path(transport.outbox(sender)) / (descriptor["ticket"] + ".meta")
     assert meta.stat().st_size < 512
@@ -191,7 +191,7 @@ def test_the_meta_rewritten_at_each_chunk_does_not_carry_the_member_list(
 
 def test_an_encrypted_stream_with_the_wrong_key_fails(sender, tmp_path):
     (tmp_path / "f").write_bytes(b"pillar secret")
-    descriptor = transport.stage_files(sender, "cm2", [(tmp_path / "f", 13)], os.urandom(32))
+    descriptor = transport.stage_files(sender, "cm2", [(tmp_path, "f", 13)], os.urandom(32))
     with pytest.raises(transport.TransferError, match="fails authentication"):
         list(transport.chunks(descriptor, puller(sender, "cm2"), os.urandom(32)))
 
@@ -199,9 +199,34 @@ def test_an_encrypted_stream_with_the_wrong_key_fails(sender, tmp_path):
 def test_a_symlink_swapped_in_after_staging_is_not_served(sender, tmp_path):
     (tmp_path / "secret").write_text("root only\n")
     (tmp_path / "f").write_text("0123456789")
-    descriptor = transport.stage_files(sender, "cm2", [(tmp_path / "f", 10)])
+    descriptor = transport.stage_files(sender, "cm2", [(tmp_path, "f", 10)])
     (tmp_path / "f").unlink()
     (tmp_path / "f").symlink_to(tmp_path / "secret")
+    answer = transport.serve(sender, "cm2", descriptor["ticket"], 0)
+    assert answer["error"].startswith("cannot read the staged data")
+
+
+def test_a_directory_swapped_for_a_symlink_after_staging_is_not_read_through(sender, tmp_path):
+    # A local user who can write below the primary's roots turns a staged file's directory
+    # into a link to /etc-like content between the scan and the pull.
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (root / "sub" / "f").write_text("0123456789")
+    (outside / "f").write_text("root only!")
+    descriptor = transport.stage_files(sender, "cm2", [(root, "sub/f", 10)])
+    (root / "sub").rename(tmp_path / "moved")
+    (root / "sub").symlink_to(outside)
+    answer = transport.serve(sender, "cm2", descriptor["ticket"], 0)
+    assert answer["error"].startswith("cannot read the staged data")
+    assert "data" not in answer
+
+
+def test_a_fifo_swapped_in_after_staging_is_refused_not_waited_on(sender, tmp_path):
+    (tmp_path / "f").write_text("0123456789")
+    descriptor = transport.stage_files(sender, "cm2", [(tmp_path, "f", 10)])
+    (tmp_path / "f").unlink()
+    os.mkfifo(tmp_path / "f")
     answer = transport.serve(sender, "cm2", descriptor["ticket"], 0)
     assert answer["error"].startswith("cannot read the staged data")
 

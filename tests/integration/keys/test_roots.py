@@ -193,6 +193,31 @@ def test_one_change_and_one_deletion_propagate(cluster, trees):
     assert not (peer_tree / "empty.sls").exists()
 
 
+def test_a_file_turned_directory_and_back_converges_in_one_run(cluster, trees):
+    """
+    A path that changed kind on the primary (file to directory, directory to file) is mirrored
+    in one run, and a temporary file an interrupted sync left on a peer is cleared.
+    """
+    (trees / "flip").mkdir()
+    (trees / "flip" / "inner.sls").write_text("flip: 1\n")
+    (trees / "flop.sls").write_text("flop: 1\n")
+    assert cluster.run("sync_roots").returncode == 0
+    shutil.rmtree(trees / "flip")
+    (trees / "flip").write_text("flip: 2\n")
+    (trees / "flop.sls").unlink()
+    (trees / "flop.sls").mkdir()
+    (trees / "flop.sls" / "inner.sls").write_text("flop: 2\n")
+    _, peer_tree, _, _ = paths_of(cluster, 1)
+    leftover = peer_tree / "web" / ".multimaster-tmp-0123456789ab"
+    leftover.write_text("half a file\n")
+    ret = cluster.run("sync_roots")
+    assert ret.returncode == 0, ret
+    source = content(snapshot(paths_of(cluster, 0)[1]))
+    for index in (1, 2):
+        assert content(snapshot(paths_of(cluster, index)[1])) == source
+    assert not leftover.exists()
+
+
 def test_status_names_the_paths_that_differ(cluster, trees):
     """
     ``status`` gives each root's digest per master; after a change on master2 it reports the
