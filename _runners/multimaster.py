@@ -79,6 +79,11 @@ def _on_disk():
 
 
 def _section(masters=None, opts=None):
+    if not multimaster_transport.ids_signed(__opts__):
+        # Every control minion's answer and pull is trusted by its minion id.
+        raise Refused(
+            multimaster_transport.UNSIGNED_IDS.format(__opts__.get("minimum_auth_version"))
+        )
     section = dict((opts or _on_disk()).get("multimaster") or {})
     if masters is not None:
         section["masters"] = masters

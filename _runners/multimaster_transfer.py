@@ -4,6 +4,8 @@ The one runner function a master exposes to its control minions (``peer_run``, r
 the asking minion. Not for operators: a ticket is bound to one control minion and used up by it.
 """
 
+import salt.utils.user
+
 try:
     import multimaster_transport
 
@@ -38,6 +40,11 @@ def pull(ticket, offset=0):
 
         salt master2 publish.runner multimaster_transfer.pull arg='["ticket=t...", "offset=0"]'
     """
+    # On peer_run Salt runs this as the master's own user. Called by an eauth user (salt-api,
+    # an ACL such as ``multimaster.*`` matches this function too), ``id`` would be the
+    # master's own, which may be its control minion's: never serve that caller.
+    if globals().get("__user__") != salt.utils.user.get_specific_user():
+        return {"error": "multimaster_transfer.pull serves control minions through peer_run only"}
     # This pull is a runner job Salt keeps in the job cache; the transport removes its chunk
     # jobs as the transfer proceeds (they are plumbing, and may be large).
     jid = globals().get("__jid__")

@@ -153,11 +153,13 @@ def stage(opts, recipient, data, ttl=TTL, fileserver=False):
 
     fileserver
         Also serve it through the master's file server, to a request whose authenticated id
-        is ``recipient`` only (``_ids_signed``: Salt signs the id into every request; a
-        request without one, or a master that accepts unsigned ones, is answered
-        ``NEEDS_ID``, the ticket untouched, and the recipient pulls by ``peer_run``). For data
-        sealed to the recipient: its ticket travels in a publish.
+        is ``recipient`` only (a request without one is answered ``NEEDS_ID``, the ticket
+        untouched, and the recipient pulls by ``peer_run``). For data sealed to the
+        recipient: its ticket travels in a publish.
+
+    Nothing is staged on a master that accepts unsigned minion ids (``ids_signed``).
     """
+    require_signed_ids(opts)
     ticket = "t" + os.urandom(24).hex()
     data_path, meta_path = _paths(opts, ticket)
     with _locked(opts) as directory:
@@ -180,18 +182,40 @@ _BY_ID = "by-id"
 NEEDS_ID = "ticket is served to an authenticated minion id only: this request's is not"
 
 
-def _ids_signed(opts):
+def ids_signed(opts):
     """
     Whether the master trusts the id in a request: at ``minimum_auth_version`` 3 (the default
     of the pinned 3006, 3007 and 3008) Salt refuses older requests, and each one is encrypted
     with that minion's own session key, names the same id outside and in, and carries a token
     signed with its key. A master that lets older requests in takes their id on the word of
-    the AES key every minion holds.
+    the AES key every minion holds: on ``peer_run`` as on the file server, any minion could
+    name itself a ticket's recipient.
+
+    opts
+        The master's opts.
     """
     try:
         return int(opts.get("minimum_auth_version") or 0) >= 3
     except (TypeError, ValueError):
         return False
+
+
+UNSIGNED_IDS = (
+    "this master accepts requests whose minion id is not signed (minimum_auth_version {!r}, "
+    "expected 3, Salt's default): a ticket cannot be bound to its recipient here"
+)
+
+
+def require_signed_ids(opts):
+    """
+    Raise ``CommandExecutionError`` (naming the setting, its value and what is expected) on a
+    master that accepts unsigned minion ids.
+
+    opts
+        The master's opts.
+    """
+    if not ids_signed(opts):
+        raise CommandExecutionError(UNSIGNED_IDS.format(opts.get("minimum_auth_version")))
 
 
 def stage_files(opts, recipient, members, key=None, ttl=TTL, fileserver=False):
@@ -221,6 +245,7 @@ def stage_files(opts, recipient, members, key=None, ttl=TTL, fileserver=False):
         Also serve it through the master's file server (``serve_file``): only for a ticket the
         recipient alone learns (inside an envelope sealed to it), never one a publish carries.
     """
+    require_signed_ids(opts)
     ticket = "t" + os.urandom(24).hex()
     data_path, meta_path = _paths(opts, ticket)
     listed = [[str(root), str(relpath), int(member_size)] for root, relpath, member_size in members]
@@ -409,6 +434,8 @@ def serve(opts, requester, ticket, offset, jid=None, raw=False):
         return {"error": "malformed ticket"}
     if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
         return {"error": f"offset {offset!r} is not a non-negative integer"}
+    if not ids_signed(opts):
+        return {"error": UNSIGNED_IDS.format(opts.get("minimum_auth_version"))}
     data_path, meta_path = _paths(opts, ticket)
     with _locked(opts):
         meta = _read_meta(meta_path)
@@ -416,7 +443,7 @@ def serve(opts, requester, ticket, offset, jid=None, raw=False):
             return {"error": "unknown or used ticket: refusing a replay"}
         if raw and not meta.get("fileserver"):
             return {"error": "ticket is not served through the file server"}
-        if raw and meta["fileserver"] == _BY_ID and (requester is None or not _ids_signed(opts)):
+        if raw and meta["fileserver"] == _BY_ID and requester is None:
             return {"error": NEEDS_ID}
         if meta["recipient"] != requester and not (raw and requester is None):
             return {"error": f"ticket was not issued to {requester!r}"}

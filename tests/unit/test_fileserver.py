@@ -21,7 +21,7 @@ def backend():
 
 @pytest.fixture
 def opts(tmp_path):
-    return {"cachedir": str(tmp_path)}
+    return {"cachedir": str(tmp_path), "minimum_auth_version": 3}
 
 
 @pytest.fixture
@@ -96,7 +96,6 @@ def published(opts, data):
 
 
 def test_a_published_ticket_is_served_to_the_recipients_authenticated_id_only(backend, opts):
-    opts["minimum_auth_version"] = 3  # Salt 3008's default: every request's id is signed
     descriptor = published(opts, b"sealed plan")
     # Every minion saw the ticket: neither another id nor a request without one gets it ...
     assert "not issued" in served(backend, descriptor, 0, id="intruder")["error"]
@@ -108,12 +107,20 @@ def test_a_published_ticket_is_served_to_the_recipients_authenticated_id_only(ba
 
 
 @pytest.mark.parametrize("version", [None, 2, "x"])
-def test_a_master_that_accepts_unsigned_requests_serves_no_published_ticket(backend, opts, version):
+def test_a_master_that_accepts_unsigned_requests_serves_no_ticket_by_any_path(
+    backend, opts, version
+):
     # Below version 3 a request is encrypted with the AES key every minion holds and its id
-    # is not checked: any minion could name itself the recipient and use the ticket up.
-    opts["minimum_auth_version"] = version
+    # is not checked, on the file server as on peer_run: any minion could name itself the
+    # recipient and use the ticket up.
     descriptor = published(opts, b"sealed plan")
-    assert served(backend, descriptor, 0, id="cm2")["error"] == transport.NEEDS_ID
+    opts["minimum_auth_version"] = version
+    assert "minimum_auth_version" in served(backend, descriptor, 0, id="cm2")["error"]
+    answer = transport.serve(opts, "cm2", descriptor["ticket"], 0)
+    assert "expected 3" in answer["error"] and "data" not in answer
+    with pytest.raises(transport.CommandExecutionError, match=f"minimum_auth_version {version!r}"):
+        published(opts, b"another plan")
+    # Refused without being used up: back on 3, the recipient gets it.
     opts["minimum_auth_version"] = 3
     assert served(backend, descriptor, 0, id="cm2")["bytes"] == b"sealed plan"
 

@@ -27,7 +27,7 @@ def sender(tmp_path):
     """
     The sending master's opts: its outbox holds what the runner staged.
     """
-    return {"cachedir": str(tmp_path / "sender")}
+    return {"cachedir": str(tmp_path / "sender"), "minimum_auth_version": 3}
 
 
 @pytest.fixture

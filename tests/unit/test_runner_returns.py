@@ -57,6 +57,7 @@ def configure_loader_modules(runner, tmp_path):
                 "multimaster": SECTION,
                 "conf_file": "/etc/salt/master",
                 "cachedir": str(tmp_path / "cache"),
+                "minimum_auth_version": 3,
             },
             "__context__": {},
         }
@@ -118,6 +119,18 @@ def test_malformed_status_report_is_a_per_master_error(runner, use):
     ret = runner.status()
     assert ret["retcode"] == 1
     assert ret["masters"]["m1"]["reachable"] is False or ret["masters"]["m2"]["reachable"] is False
+
+
+@pytest.mark.parametrize("fun", ["sync_keys", "sync_master_key", "sync_roots", "status"])
+def test_a_master_that_takes_unsigned_minion_ids_is_refused_before_any_publish(
+    runner, use, monkeypatch, fun
+):
+    # There any minion could answer, or pull a ticket, as a control minion.
+    client = use({"cm1": GOOD_DIGESTS, "cm2": GOOD_DIGESTS})
+    monkeypatch.setitem(runner.__opts__, "minimum_auth_version", 2)
+    ret = getattr(runner, fun)()
+    assert ret["retcode"] == 1 and "minimum_auth_version 2, expected 3" in ret["comment"]
+    assert client.calls == []
 
 
 def test_sync_master_key_refuses_recipients_from_arguments(runner, use):

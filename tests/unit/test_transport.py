@@ -19,7 +19,8 @@ import multimaster_transport as transport  # noqa: E402  isort: skip
 
 @pytest.fixture
 def sender(tmp_path):
-    return {"cachedir": str(tmp_path)}
+    # Salt's default: every request's minion id is signed (the transport requires it).
+    return {"cachedir": str(tmp_path), "minimum_auth_version": 3}
 
 
 @pytest.fixture
