@@ -808,11 +808,13 @@ def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None, unless=None, dirs=N
 
     unless
         The primary's digests (``{kind: {env: [digest, ...]}}``): with ``full``, the manifests
-        are left out when this master's digests equal them (nothing to sync: one round).
+        of a kind are left out when this master's digests of that kind equal them (nothing to
+        sync: one round). The runner never publishes those of ``pillar_roots``.
 
     dirs
         The primary's per-directory digests (``{kind: {env: [{dir: digest}, ...]}}``): with
-        ``full``, each manifest holds only the directories where the trees differ.
+        ``full``, each manifest holds only the directories where the trees differ (whole
+        where a kind has none: ``pillar_roots``).
 
     CLI Example:
 
@@ -823,8 +825,10 @@ def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None, unless=None, dirs=N
     master, mopts = _mopts()
     roots, files = _manifests(mopts, [kind for kind in kinds if kind in ROOT_KINDS])
     ret = {"roots": roots, "binding": _binding(master)}
-    if full and multimaster_roots.digests(roots) != unless:
-        files, partial = _narrowed(files, dirs)
+    mine, theirs = multimaster_roots.digests(roots), unless if isinstance(unless, dict) else {}
+    differing = {kind: envs for kind, envs in files.items() if mine[kind] != theirs.get(kind)}
+    if full and differing:
+        files, partial = _narrowed(differing, dirs)
         ret["sealed"] = multimaster_seal.seal(
             {"files": files, "dirs": partial},
             "roots_manifest",

@@ -1159,16 +1159,23 @@ def _git_check(git):
     _mapping_of(git, "git", lambda remotes: _mapping_of(remotes, "git remotes", branches))
 
 
+def _published(roots):
+    # Every minion sees a publish: names and digests of pillar files are not for it (a digest of
+    # a small pillar file confirms a guessed secret). The peers send those manifests whole.
+    return {kind: envs for kind, envs in roots.items() if kind != "pillar_roots"}
+
+
 def _dir_digests(local):
     """
-    ``{kind: {env: [{dir: digest}, ...]}}`` of this master's roots, for the peers to return
-    only the directories that differ; ``None`` when that would not fit in a small publish.
+    ``{kind: {env: [{dir: digest}, ...]}}`` of this master's ``file_roots``, for the peers to
+    return only the directories that differ; ``None`` when that would not fit in a small
+    publish.
     """
     dirs = {
         kind: {
             env: [multimaster_roots.dir_digests(r["files"]) for r in rs] for env, rs in envs.items()
         }
-        for kind, envs in local.items()
+        for kind, envs in _published(local).items()
     }
     size = len(salt.utils.json.dumps(dirs))
     return dirs if size <= multimaster_roots.DIR_DIGESTS_LIMIT else None
@@ -1223,7 +1230,8 @@ def _roots_plan(local, files, partial=None):
     covers, only those directories are compared (the others are equal).
     """
     pairs, members = [], []
-    for kind, envs in local.items():
+    # A kind the peer left out of its manifests has the primary's digests there: equal.
+    for kind, envs in ((k, e) for k, e in local.items() if k in files):
         for env, rs in envs.items():
             for index, source in enumerate(rs):
                 target = files.get(kind, {}).get(env, [])[index]
@@ -1334,7 +1342,7 @@ def sync_roots(roots="both", test=False, timeout=300):
         if not kinds:
             return _finish({"masters": {}, "comment": "; ".join(notes)}, False)
         # One round: each master compares its digests with this master's and returns its
-        # manifests, sealed, only where they differ.
+        # manifests, sealed, only where they differ (pillar ones always: see _published).
         opts = {key: current.get(key) for key in _ROOTS_OPTS}
         local = multimaster_roots.manifests(opts, kinds)
         digests = multimaster_roots.digests(local)
@@ -1347,7 +1355,7 @@ def sync_roots(roots="both", test=False, timeout=300):
                 "kinds": kinds,
                 "full": True,
                 "nonce": nonce,
-                "unless": digests,
+                "unless": _published(digests),
                 "dirs": _dir_digests(local),
             },
             timeout,

@@ -317,6 +317,13 @@ def test_pillar_content_is_only_in_the_roots(cluster, trees, event_listener):
     assert scanner.find((ret.stdout + ret.stderr).encode()) is None
     leaked = [tag for _, tag, data in capture.dumps() if MARKER in data]
     assert not leaked, leaked
+    # Every minion receives the publish: it names no pillar directory and carries no pillar
+    # digest (one of a small file would confirm a guessed secret).
+    published = keytools.last_job_kwargs(
+        cluster.primary, "multimaster_peer.roots_manifest", cluster.control[1].id
+    )
+    assert published["kinds"] == ["pillar_roots"], published
+    assert published["unless"] == {} and not published["dirs"], published
 
 
 def test_no_roots_publish_exceeds_64_kb(cluster, trees):
