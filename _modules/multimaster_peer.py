@@ -792,7 +792,8 @@ def _narrowed(files, dirs):
 def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None, unless=None, dirs=None):
     """
     The roots of this host's master (``file_roots``/``pillar_roots`` of its own config): per
-    kind, per environment, per position ``{"path", "digest", "count", "skipped"}``. With
+    kind, per environment, per position ``{"path", "digest", "count", "skipped"}``, and every
+    root's real path (``real``, both kinds: how they overlap). With
     ``full`` the file manifests too, sealed to the master that asked (names and hashes of pillar
     files are not for the job cache) and bound to its ``nonce``. Always returns a fresh
     ``binding`` challenge for the ``apply_roots`` order that may follow.
@@ -824,7 +825,11 @@ def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None, unless=None, dirs=N
     """
     master, mopts = _mopts()
     roots, files = _manifests(mopts, [kind for kind in kinds if kind in ROOT_KINDS])
-    ret = {"roots": roots, "binding": _binding(master)}
+    ret = {
+        "roots": roots,
+        "real": multimaster_roots.real_layout(mopts),
+        "binding": _binding(master),
+    }
     mine, theirs = multimaster_roots.digests(roots), unless if isinstance(unless, dict) else {}
     differing = {kind: envs for kind, envs in files.items() if mine[kind] != theirs.get(kind)}
     if full and differing:

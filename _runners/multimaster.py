@@ -1119,6 +1119,44 @@ def _check_layouts(section, local, summary):
                     f"position: primary {_layout(local)[kind]}, {master} "
                     f"{_layout(answer['roots']).get(kind, {})}; nothing written"
                 )
+    _check_overlaps(primary, summary)
+
+
+def _check_overlaps(primary, summary):
+    """
+    Refuse unless every master's roots (both kinds, synced or not) overlap as the primary's
+    do: a peer root nested in another there (and not here) would see the other's files as
+    extra and delete them.
+    """
+    mine = multimaster_roots.overlaps(summary[primary]["real"])
+    for master, answer in summary.items():
+        theirs = multimaster_roots.overlaps(answer["real"])
+        for one, other in sorted(set(mine) | set(theirs)):
+            if mine.get((one, other)) != theirs.get((one, other)):
+                raise Refused(
+                    f"roots of {master} overlap unlike the primary's: {_slot(one)} "
+                    f"{_where(answer['real'], one)} and {_slot(other)} "
+                    f"{_where(answer['real'], other)}: {_OVERLAP[theirs.get((one, other))]} on "
+                    f"{master}, {_OVERLAP[mine.get((one, other))]} on {primary}; nothing written"
+                )
+
+
+_OVERLAP = {
+    None: "apart",
+    "same": "one directory",
+    "inside": "the first inside the second",
+    "contains": "the second inside the first",
+}
+
+
+def _slot(slot):
+    return "{} {} #{}".format(*slot)
+
+
+def _where(layout, slot):
+    kind, env, index = slot
+    paths = layout.get(kind, {}).get(env, [])
+    return repr(paths[index]) if index < len(paths) else "(none)"
 
 
 def _mapping_of(value, what, check):
@@ -1144,6 +1182,19 @@ def _roots_check(answer):
 
     _mapping_of(answer.get("roots"), "roots", lambda envs: _mapping_of(envs, "roots", root_list))
     return answer
+
+
+def _manifest_answer_check(answer):
+    """
+    ``_roots_check``, and the real paths of every root (``{kind: {env: [str]}}``).
+    """
+
+    def paths(ps):
+        if not isinstance(ps, list) or not all(isinstance(p, str) for p in ps):
+            raise ValueError("malformed real paths")
+
+    _mapping_of(answer.get("real"), "real", lambda envs: _mapping_of(envs, "real", paths))
+    return _roots_check(answer)
 
 
 def _git_check(git):
@@ -1359,7 +1410,7 @@ def sync_roots(roots="both", test=False, timeout=300):
                 "dirs": _dir_digests(local),
             },
             timeout,
-            _roots_check,
+            _manifest_answer_check,
         )
         _check_layouts(section, local, summary)
     except SaltInvocationError as exc:

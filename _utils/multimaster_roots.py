@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import fnmatch
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -468,6 +469,48 @@ def plan(source, target):
 ROOT_KINDS = ("file_roots", "pillar_roots")
 _ROOTS_BACKENDS = frozenset(("roots", "rootsfs"))
 _GIT_ROLES = ("gitfs", "git_pillar")
+
+
+def real_layout(opts):
+    """
+    ``{kind: {env: [real path, ...]}}`` of every ``file_roots``/``pillar_roots`` path of the
+    master whose ``opts`` are given (symlinks resolved): what ``overlaps`` compares.
+
+    opts
+        The master's opts.
+    """
+    return {
+        kind: {env: [os.path.realpath(str(p)) for p in paths] for env, paths in roots.items()}
+        for kind in ROOT_KINDS
+        for roots in [opts.get(kind) or {}]
+    }
+
+
+def overlaps(layout):
+    """
+    ``{(slot, slot): relation}`` for every two roots of ``layout`` (``real_layout``) that are
+    not apart: ``same`` directory, the first ``inside`` the second, or the first ``contains``
+    the second. A slot is ``(kind, env, position)``. Two masters whose roots overlap alike can
+    be mirrored; otherwise a sync of one root would delete the other's files through it.
+
+    layout
+        ``{kind: {env: [path, ...]}}``.
+    """
+    slots = sorted(
+        ((kind, env, index), os.path.normpath(path))
+        for kind, envs in layout.items()
+        for env, paths in envs.items()
+        for index, path in enumerate(paths)
+    )
+    found = {}
+    for (one, path), (other, there) in itertools.combinations(slots, 2):
+        if path == there:
+            found[(one, other)] = "same"
+        elif path.startswith(there.rstrip("/") + "/"):
+            found[(one, other)] = "inside"
+        elif there.startswith(path.rstrip("/") + "/"):
+            found[(one, other)] = "contains"
+    return found
 
 
 def synced_kinds(opts, kinds=ROOT_KINDS):

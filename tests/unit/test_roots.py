@@ -483,3 +483,31 @@ def test_temporary_files_an_interrupted_sync_left_are_cleared(tmp_path):
     assert roots.clear_temps(tmp_path) == ["a/.multimaster-tmp-0123456789ab"]
     assert sorted(os.listdir(tmp_path / "a")) == ["keep.sls"]
     assert (tmp_path / "a" / "keep.sls").read_text() == "x\n"
+
+
+def test_overlaps_names_how_two_roots_share_directories():
+    layout = {
+        "file_roots": {"base": ["/srv/salt", "/srv/other"], "dev": ["/srv/salt"]},
+        "pillar_roots": {"base": ["/srv/salt/pillar"]},
+    }
+    assert roots.overlaps(layout) == {
+        (("file_roots", "base", 0), ("file_roots", "dev", 0)): "same",
+        (("file_roots", "base", 0), ("pillar_roots", "base", 0)): "contains",
+        (("file_roots", "dev", 0), ("pillar_roots", "base", 0)): "contains",
+    }
+    assert roots.overlaps({"file_roots": {"base": ["/srv/salt", "/srv/salted"]}}) == {}
+
+
+def test_a_peer_whose_roots_nest_unlike_the_primary_s_is_refused(runner):
+    # The primary keeps pillar beside the states; the peer inside them: syncing the peer's
+    # file_roots would delete its pillar files as extra, and the pillar sync write them back.
+    apart = {"file_roots": {"base": ["/p/salt"]}, "pillar_roots": {"base": ["/p/pillar"]}}
+    nested = {"file_roots": {"base": ["/q/salt"]}, "pillar_roots": {"base": ["/q/salt/pillar"]}}
+    summary = {"m1": {"real": apart}, "m2": {"real": nested}}
+    with pytest.raises(runner.Refused) as refused:
+        runner._check_overlaps("m1", summary)
+    message = str(refused.value)
+    assert "'/q/salt/pillar'" in message and "the second inside the first on m2" in message
+    assert "apart on m1" in message and "nothing written" in message
+    # Nested alike on both sides mirrors fine.
+    runner._check_overlaps("m1", {"m1": {"real": nested}, "m2": {"real": nested}})
