@@ -1124,15 +1124,17 @@ def _check_layouts(section, local, summary):
 
 def _check_overlaps(primary, summary):
     """
-    Refuse unless every master's roots (both kinds, synced or not) overlap as the primary's
-    do: a peer root nested in another there (and not here) would see the other's files as
-    extra and delete them.
+    Refuse unless every root of a master that overlaps another there (both kinds, synced or
+    not) overlaps it alike on the primary: a peer root holding another root's directory, where
+    the primary's keeps them apart, would see the other's files as extra and delete them.
+    Roots apart on a peer are safe whatever the primary does (nested there, the outer root's
+    files are mirrored as it serves them).
     """
     mine = multimaster_roots.overlaps(summary[primary]["real"])
     for master, answer in summary.items():
         theirs = multimaster_roots.overlaps(answer["real"])
-        for one, other in sorted(set(mine) | set(theirs)):
-            if mine.get((one, other)) != theirs.get((one, other)):
+        for one, other in sorted(theirs):
+            if mine.get((one, other)) != theirs[(one, other)]:
                 raise Refused(
                     f"roots of {master} overlap unlike the primary's: {_slot(one)} "
                     f"{_where(answer['real'], one)} and {_slot(other)} "

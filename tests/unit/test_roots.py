@@ -509,5 +509,7 @@ def test_a_peer_whose_roots_nest_unlike_the_primary_s_is_refused(runner):
     message = str(refused.value)
     assert "'/q/salt/pillar'" in message and "the second inside the first on m2" in message
     assert "apart on m1" in message and "nothing written" in message
-    # Nested alike on both sides mirrors fine.
+    # Nested alike on both sides mirrors fine; so do roots apart on the peer (the demo lab's
+    # primary serves the formula checkout, which holds its second root).
     runner._check_overlaps("m1", {"m1": {"real": nested}, "m2": {"real": nested}})
+    runner._check_overlaps("m1", {"m1": {"real": nested}, "m2": {"real": apart}})
