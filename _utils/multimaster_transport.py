@@ -107,18 +107,25 @@ def _remove(*paths):
 
 def _prune(opts, directory, spent_only=False):
     """
-    Remove spent tickets (forgetting the job of their last pull) and, unless ``spent_only``,
-    expired ones.
+    Remove spent tickets and, unless ``spent_only``, expired ones, forgetting the jobs of
+    their last pull; and, unless ``spent_only``, files no ticket owns any more (a staging or a
+    serve cut short: a data file without its meta, a meta's temp file).
     """
     now = time.time()
-    for name in os.listdir(directory):
+    names = os.listdir(directory)
+    for name in names:
         if name.endswith(".meta"):
             meta = _read_meta(os.path.join(directory, name))
             spent = meta is not None and meta.get("spent")
             if spent or (not spent_only and (meta is None or meta.get("expires", 0) <= now)):
-                if spent:
-                    forget_jobs(opts, meta.get("jids", []))
+                forget_jobs(opts, (meta or {}).get("jids", []))
                 _remove(*_paths(opts, name[: -len(".meta")]))
+    if not spent_only:
+        owned = {name[: -len(".meta")] for name in names if name.endswith(".meta")}
+        for name in names:
+            ticket = name.split(".", 1)[0]
+            if name != ".lock" and not name.endswith(".meta") and ticket not in owned:
+                _remove(os.path.join(directory, name))
 
 
 def settle(opts):

@@ -267,6 +267,31 @@ def test_a_spent_ticket_is_forgotten_when_the_next_transfer_is_staged(sender):
     assert not os.path.exists(path)
 
 
+def test_an_expired_ticket_goes_with_the_job_of_its_last_pull(sender, small_chunks, monkeypatch):
+    sender.update(master_job_cache="local_cache", job_cache=True, hash_type="sha256")
+    descriptor = transport.stage(sender, "cm2", os.urandom(1500))
+    jid = "20261122000000000010"
+    assert "done" not in transport.serve(sender, "cm2", descriptor["ticket"], 0, jid)
+    path = transport.salt.utils.jid.jid_dir(jid, os.path.join(sender["cachedir"], "jobs"), "sha256")
+    os.makedirs(path)
+    monkeypatch.setattr(transport.time, "time", lambda: 10**10)  # long after it expired
+    transport.stage(sender, "cm3", b"next")
+    assert not os.path.exists(path)
+    assert "used ticket" in transport.serve(sender, "cm2", descriptor["ticket"], 1000)["error"]
+
+
+def test_files_no_ticket_owns_are_pruned_when_the_next_transfer_is_staged(sender):
+    # What a staging or a serve cut short leaves: a data file without its meta, a meta's temp.
+    first = transport.stage(sender, "cm2", b"data")
+    box = pathlib.Path(transport.outbox(sender))
+    (box / (first["ticket"] + ".meta")).unlink()
+    (box / "t0123.meta.tmp").write_text("{}")
+    second = transport.stage(sender, "cm3", b"next")
+    assert sorted(p.name for p in box.iterdir()) == sorted(
+        [".lock", second["ticket"] + ".data", second["ticket"] + ".meta"]
+    )
+
+
 def test_the_last_chunk_uses_the_ticket_up(sender):
     descriptor = transport.stage(sender, "cm2", b"data")
     answer = transport.serve(sender, "cm2", descriptor["ticket"], 0)
