@@ -95,6 +95,20 @@ def _section(masters=None, opts=None):
     return multimaster_settings.check_section(section)
 
 
+def _addressable(section, what):
+    """
+    ``section``, unless its masters are a cluster: there a control minion's pull reaches
+    whichever master the balancer picks, not the one that staged the transfer.
+    """
+    if section["mode"] == "cluster":
+        raise Refused(
+            f"{what} is for hot and failover sets: in mode cluster no single master can be "
+            "addressed behind the balancer, and Salt's cluster shares keys itself (see the "
+            "README's Master cluster section)"
+        )
+    return section
+
+
 def _progress(message):
     log.info("multimaster: %s", message)
     try:
@@ -462,7 +476,7 @@ def sync_keys(minion=None, prune=False, test=False, force=False, masters=None, t
         salt-run multimaster.sync_keys prune=True
     """
     try:
-        section = _section(masters)
+        section = _addressable(_section(masters), "sync_keys")
         ids = None if minion is None else [multimaster_ids.check_id(minion, "minion")]
     except SaltInvocationError as exc:
         return _refused(exc)
@@ -482,7 +496,7 @@ def sync_keys(minion=None, prune=False, test=False, force=False, masters=None, t
 
 def _one_id(op, minion_id, fingerprint, test, masters, timeout, force=False):
     try:
-        section = _section(masters)
+        section = _addressable(_section(masters), op)
         multimaster_ids.check_id(minion_id, "minion id")
     except SaltInvocationError as exc:
         return _refused(exc)
@@ -1008,7 +1022,7 @@ def sync_master_key(test=False, masters=None, timeout=180):
                 "masters= is not accepted by sync_master_key: the recipients of the master's "
                 "private key come only from multimaster:masters in this master's own config"
             )
-        section = _section()
+        section = _addressable(_section(), "sync_master_key")
         signing = _signing(section)
         plan, errors = _key_plan(section, signing, timeout)
     except SaltInvocationError as exc:
@@ -1390,7 +1404,7 @@ def sync_roots(roots="both", test=False, timeout=300):
         if roots not in _ROOT_CHOICES:
             raise Refused(f"roots={roots!r}: expected one of file, pillar, both")
         current = _on_disk()
-        section = _section(opts=current)
+        section = _addressable(_section(opts=current), "sync_roots")
         kinds, notes = multimaster_roots.synced_kinds(current, _ROOT_CHOICES[roots])
         if not kinds:
             return _finish({"masters": {}, "comment": "; ".join(notes)}, False)

@@ -133,6 +133,27 @@ def test_a_master_that_takes_unsigned_minion_ids_is_refused_before_any_publish(
     assert client.calls == []
 
 
+@pytest.mark.parametrize(
+    "fun, args",
+    [("sync_keys", ()), ("accept", ("web1",)), ("sync_master_key", ()), ("sync_roots", ())],
+)
+def test_transfers_are_refused_in_mode_cluster_before_any_publish(
+    runner, use, monkeypatch, fun, args
+):
+    # Behind the balancer a control minion's pull reaches whichever master HAProxy picks.
+    client = use({"cm1": GOOD_DIGESTS, "cm2": GOOD_DIGESTS})
+    cluster = dict(
+        SECTION,
+        mode="cluster",
+        masters=[{"id": "10.0.0.1", "host": "10.0.0.1"}, {"id": "10.0.0.2", "host": "10.0.0.2"}],
+        cluster={"id": "c1", "balancer": "10.0.0.9", "secret": "s" * 40},
+    )
+    monkeypatch.setitem(runner.__opts__, "multimaster", cluster)
+    ret = getattr(runner, fun)(*args)
+    assert ret["retcode"] == 1 and f"{fun} is for hot and failover sets" in ret["comment"]
+    assert client.calls == []
+
+
 def test_sync_master_key_refuses_recipients_from_arguments(runner, use):
     client = use({})
     ret = runner.sync_master_key(masters=[{"id": "m1", "host": "h", "minion_id": "evil"}])
