@@ -156,7 +156,8 @@ def stage(opts, recipient, data, ttl=TTL, fileserver=False):
         The bytes to move (seal secrets first).
 
     ttl
-        Seconds the ticket stays valid (default 300).
+        Seconds the ticket stays valid (default 300), counted again from each chunk served: a
+        long stream does not expire while its recipient pulls it.
 
     fileserver
         Also serve it through the master's file server, to a request whose authenticated id
@@ -175,6 +176,7 @@ def stage(opts, recipient, data, ttl=TTL, fileserver=False):
         meta = {
             "recipient": recipient,
             "expires": int(time.time()) + int(ttl),
+            "ttl": int(ttl),
             "size": len(data),
             "next": 0,
             "fileserver": _BY_ID if fileserver else False,
@@ -246,7 +248,8 @@ def stage_files(opts, recipient, members, key=None, ttl=TTL, fileserver=False):
         32 bytes to encrypt the stream with (seal it to the recipient separately), or ``None``.
 
     ttl
-        Seconds the ticket stays valid (default 300).
+        Seconds the ticket stays valid (default 300), counted again from each chunk served: a
+        long stream does not expire while its recipient pulls it.
 
     fileserver
         Also serve it through the master's file server (``serve_file``): only for a ticket the
@@ -264,6 +267,7 @@ def stage_files(opts, recipient, members, key=None, ttl=TTL, fileserver=False):
         meta = {
             "recipient": recipient,
             "expires": int(time.time()) + int(ttl),
+            "ttl": int(ttl),
             "size": size,
             "next": 0,
             "members": True,
@@ -471,6 +475,7 @@ def serve(opts, requester, ticket, offset, jid=None, raw=False):
             return {"error": f"cannot read the staged data: {reason}"}
         meta["next"] = offset + len(chunk)
         meta["jids"] = [jid] if jid else []
+        meta["expires"] = max(meta["expires"], int(time.time()) + int(meta.get("ttl", 0)))
         key, done = meta.get("key"), meta["next"] >= meta["size"]
         if done:
             # Used up: only what settle needs stays (this pull's job, to forget).

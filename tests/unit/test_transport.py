@@ -292,6 +292,21 @@ def test_files_no_ticket_owns_are_pruned_when_the_next_transfer_is_staged(sender
     )
 
 
+def test_a_stream_being_pulled_outlives_its_ttl(sender, small_chunks, monkeypatch):
+    # A first sync of a large tree on a slow link takes longer than the ticket's 300 s.
+    now = [1_000_000]
+    monkeypatch.setattr(transport.time, "time", lambda: now[0])
+    descriptor = transport.stage(sender, "cm2", os.urandom(3000), ttl=300)
+    for offset in (0, 1000, 2000):
+        now[0] += 200  # each chunk comes 200 s after the last: 600 s in all
+        assert "data" in transport.serve(sender, "cm2", descriptor["ticket"], offset)
+    # Left alone, it expires ttl seconds after its last chunk.
+    stalled = transport.stage(sender, "cm2", os.urandom(3000), ttl=300)
+    assert "data" in transport.serve(sender, "cm2", stalled["ticket"], 0)
+    now[0] += 301
+    assert "expired" in transport.serve(sender, "cm2", stalled["ticket"], 1000)["error"]
+
+
 def test_the_last_chunk_uses_the_ticket_up(sender):
     descriptor = transport.stage(sender, "cm2", b"data")
     answer = transport.serve(sender, "cm2", descriptor["ticket"], 0)
