@@ -404,7 +404,11 @@ def record_pull(opts, requester, jid):
         "user": requester,
     }
     try:
-        salt.loader.returners(opts, {})["local_cache.save_load"](jid, load, minions=[requester])
+        returners = salt.loader.returners(opts, {})
+        # The jid file first: Salt's clean_old_jobs scrubs a job directory without one as
+        # corrupt, even while its job runs, and the pull's answer is then lost.
+        returners["local_cache.prep_jid"](passed_jid=jid)
+        returners["local_cache.save_load"](jid, load, minions=[requester])
     except Exception as exc:  # pylint: disable=broad-except
         # Only a shortcut: without it Salt stores the load itself, the slow way.
         log.debug("multimaster: could not record pull job %s: %s", jid, exc)

@@ -360,6 +360,22 @@ def test_a_recorded_pull_is_stored_without_listing_every_key(tmp_path, monkeypat
     assert "CHUNK" in repr(returns["cm2"])  # the return is kept, for the transport to forget
 
 
+def test_a_recorded_pull_job_is_not_scrubbed_by_salt_s_job_cleaner(tmp_path):
+    # Salt's Maintenance runs clean_old_jobs every minute and removes a job directory without a
+    # jid file as corrupt; during a pull that lost the pull's answer (seen in CI: the runner
+    # failed with ".minions.p does not exist" and the peer's apply with it).
+    import salt.config
+    import salt.loader
+
+    opts = salt.config.master_config(os.devnull)
+    opts.update(cachedir=str(tmp_path / "cache"), pki_dir=str(tmp_path / "pki"))
+    jid = "20261125000000000003"
+    transport.record_pull(opts, "cm2", jid)
+    loader = salt.loader.returners(opts, {})
+    loader["local_cache.clean_old_jobs"]()
+    assert loader["local_cache.get_load"](jid)["Minions"] == ["cm2"]
+
+
 def test_the_next_chunk_is_pulled_while_the_recipient_handles_this_one(sender, small_chunks):
     import threading
 
