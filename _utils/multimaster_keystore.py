@@ -24,6 +24,7 @@ key PEM: a state dir pointing at ``/etc`` is reported (``store_problems``), not 
 import contextlib
 import errno
 import fcntl
+import glob
 import logging
 import os
 import stat
@@ -63,12 +64,36 @@ _SOFT_STATES = ("accepted", "pending")
 
 def master_opts(config_dir):
     """
-    The options of the master whose config lives in ``config_dir``.
+    The options of the master whose config lives in ``config_dir``, loaded the way
+    ``salt-master -c config_dir`` loads them: the ``master`` file where there is one (a pip
+    install ships none), ``master.d/*.conf``, and Salt's defaults for the rest.
+    """
+    if not os.path.isdir(config_dir):
+        raise CommandExecutionError(
+            f"no master config directory {config_dir} on this host (set config_dir of this "
+            "master in pillar multimaster:masters to where its salt-master reads its config)"
+        )
+    return salt.config.master_config(os.path.join(config_dir, "master"))
+
+
+def own_master_options(config_dir, skip=()):
+    """
+    The options the master's own config sets (its ``master`` file and ``master.d/*.conf``
+    merged as Salt merges them), without the ``master.d`` files named in ``skip``: what the
+    operator set, apart from what the formula renders.
+
+    skip
+        Base names of ``master.d`` files to leave out (the formula's own).
     """
     path = os.path.join(config_dir, "master")
-    if not os.path.isfile(path):
-        raise CommandExecutionError(f"no master config at {path}")
-    return salt.config.master_config(path)
+    own = salt.config.load_config(path, "SALT_MASTER_CONFIG", path, exit_on_config_errors=False)
+    included = sorted(
+        name
+        for name in glob.glob(os.path.join(config_dir, "master.d", "*.conf"))
+        if os.path.basename(name) not in skip
+    )
+    own.update(salt.config.include_config(included, path, False, exit_on_config_errors=False))
+    return own
 
 
 def _cache(mopts):

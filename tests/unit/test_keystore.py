@@ -379,3 +379,28 @@ def test_the_lock_excludes_another_process(mopts):
         assert holder.wait(10) == 0
     with ks.locked(mopts, timeout=1):
         pass
+
+
+def test_master_opts_needs_no_master_file(tmp_path):
+    """
+    A pip-installed Salt ships no ``master`` file: a master runs on Salt's defaults plus
+    ``master.d/`` and so do the peer calls; only a missing config directory is refused.
+    """
+    (tmp_path / "master.d").mkdir()
+    (tmp_path / "master.d" / "roots.conf").write_text("file_roots: {base: [/srv/site]}\n")
+    opts = ks.master_opts(str(tmp_path))
+    assert opts["file_roots"]["base"] == ["/srv/site"]
+    assert opts["pki_dir"]
+    with pytest.raises(CommandExecutionError, match=r"no master config directory .*/absent"):
+        ks.master_opts(str(tmp_path / "absent"))
+
+
+def test_own_master_options_leave_the_formulas_files_out(tmp_path):
+    (tmp_path / "master").write_text("fileserver_backend: [gitfs, roots]\n")
+    (tmp_path / "master.d").mkdir()
+    (tmp_path / "master.d" / "multimaster.conf").write_text("fileserver_backend: [roots]\n")
+    (tmp_path / "master.d" / "acl.conf").write_text("peer_run: {ops: ['jobs.*']}\n")
+    own = ks.own_master_options(str(tmp_path), ("multimaster.conf",))
+    assert own["fileserver_backend"] == ["gitfs", "roots"]
+    assert own["peer_run"] == {"ops": ["jobs.*"]}
+    assert ks.own_master_options(str(tmp_path / "none")) == {}
