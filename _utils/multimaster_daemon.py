@@ -236,6 +236,17 @@ def daemon_command(daemon, config_dir, pid=None):
     return command + ["-l", level] if level else command
 
 
+def script_installed(daemon):
+    """
+    Whether this Salt install has the ``daemon`` script (next to this interpreter or on PATH):
+    a pip or onedir install carries every daemon, a distro package only the ones installed.
+    """
+    try:
+        return bool(_daemon_script(daemon))
+    except CommandExecutionError:
+        return False
+
+
 def _daemon_script(daemon):
     """
     The ``daemon`` script next to this interpreter (a virtualenv's or pip install's bin dir),

@@ -8,9 +8,9 @@ include:
   - .config
 
 {%- if mapdata.manage_services and master %}
-{%-   if mapdata.install_packages %}
+{%-   if mapdata.install_packages and not mapdata.local.salt_master_installed %}
 
-{#- Installed from packages: a system service, kept enabled and running. #}
+{#- Installed from packages here: a system service, kept enabled and running. #}
 multimaster-master-service-running-service-running:
   service.running:
     - name: {{ mapdata.lookup.master.service }}

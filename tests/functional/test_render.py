@@ -224,7 +224,9 @@ def test_pillar_example_outputs(rendered):
     assert master["publisher_acl"] == {"deploy": [{"web*": ["state.apply", "test.ping"]}]}
     assert "pam" in master["external_auth"]
     everything = states(results["multimaster"])
-    assert "multimaster-master-package-install-pkg-installed" in everything
+    # This Salt carries salt-master (pip): no second Salt from a package.
+    assert "multimaster-master-package-install-pkg-present" in everything
+    assert "multimaster-master-package-install-pkg-installed" not in everything
     # The minion applying multimaster.minion runs Salt already: it never installs salt-minion.
     assert not [sid for sid in everything if sid.startswith("multimaster-minion") and "pkg" in sid]
     assert not any(

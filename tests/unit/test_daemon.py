@@ -448,3 +448,16 @@ def test_running_since_is_none_without_a_running_daemon(tmp_path):
     assert multimaster_daemon.running_since(str(tmp_path / "none.pid"), "salt-master", "/") is None
     (tmp_path / "stale.pid").write_text("999999999")
     assert multimaster_daemon.running_since(str(tmp_path / "stale.pid"), "salt-master", "/") is None
+
+
+def test_script_installed_finds_a_daemon_beside_this_salt_or_on_path(tmp_path, monkeypatch):
+    """
+    A pip or onedir Salt carries salt-master: ``multimaster.master`` then installs no package.
+    """
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert multimaster_daemon.script_installed("salt-master") is False
+    script = tmp_path / "salt-master"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    assert multimaster_daemon.script_installed("salt-master") is True
