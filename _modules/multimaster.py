@@ -89,7 +89,7 @@ def _local_master(settings):
     )
     if master is None:
         return None
-    opts = salt.config.master_config(os.path.join(master["config_dir"], "master"))
+    opts = multimaster_keystore.master_opts(master["config_dir"])
     return dict(
         master,
         pki_dir=opts["pki_dir"],
@@ -97,6 +97,15 @@ def _local_master(settings):
         pidfile=opts["pidfile"],
         user=opts["user"],
     )
+
+
+def _own_master_options(settings, master):
+    """
+    What this master's own config sets, the formula's ``master.d`` files left out.
+    """
+    lookup = settings["lookup"]
+    ours = (lookup["config_file"], lookup["cluster_config_file"], lookup["job_cache_config_file"])
+    return multimaster_keystore.own_master_options(master["config_dir"], ours)
 
 
 def settings(defaults=None, redact=True):
@@ -130,6 +139,8 @@ def settings(defaults=None, redact=True):
         "minion_pidfile": __opts__["pidfile"],
         "first_highstate_mark": _first_highstate_mark(),
         "master": local_master,
+        # A Salt that has a salt-master already (pip, onedir tarball or package) gets no second.
+        "salt_master_installed": multimaster_daemon.script_installed("salt-master"),
         # Only a master needs them (and only its control minion sees the job cache password).
         "python_deps": (
             multimaster_settings.python_deps(merged, multimaster_saltlayout.salt_install())
@@ -139,7 +150,10 @@ def settings(defaults=None, redact=True):
     }
     merged["config"] = {
         "minion": multimaster_settings.minion_config(merged),
-        "master": local_master and multimaster_settings.master_config(merged, local_master),
+        "master": local_master
+        and multimaster_settings.master_config(
+            merged, local_master, _own_master_options(merged, local_master)
+        ),
     }
     if local_master and merged["mode"] == "cluster":
         merged["config"]["cluster"] = multimaster_settings.cluster_config(

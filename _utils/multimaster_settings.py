@@ -101,6 +101,9 @@ def _check_id(value, key):
 
 
 ROOTS_KEYS = ("file_roots", "pillar_roots")
+# Master options the formula renders only when pillar sets them (no default: a master.d key
+# replaces the master's own).
+OWN_MASTER_KEYS = ("interface", *ROOTS_KEYS, "fileserver_backend")
 # pillar multimaster:reactor switch -> (event tag, reactor SLS)
 REACTORS = {
     "keys": ("salt/key", "salt://multimaster/reactor/keys.sls"),
@@ -263,7 +266,10 @@ def _validate_merged(settings):
 
     master = settings["master"]
     for key in ROOTS_KEYS:
-        _check_roots(master.get(key), f"master:{key}")
+        if key in master:
+            _check_roots(master[key], f"master:{key}")
+    if "interface" in master and not isinstance(master["interface"], str):
+        _fail("master:interface", master["interface"], "an IP address to bind")
     for key in ("acl", "config"):
         if not isinstance(master.get(key), dict):
             _fail(f"master:{key}", master.get(key), "a mapping of master options")
@@ -271,7 +277,7 @@ def _validate_merged(settings):
     if not isinstance(remotes, list):
         _fail("master:gitfs:remotes", remotes, "a list of git remote URLs")
     backends = master.get("fileserver_backend")
-    if not (
+    if "fileserver_backend" in master and not (
         isinstance(backends, list)
         and backends
         and all(isinstance(name, str) and name.strip() for name in backends)
@@ -574,7 +580,7 @@ def fileserver_backends(backends, gitfs=False):
     (it finds nothing but those). No name twice.
 
     backends
-        Pillar ``multimaster:master:fileserver_backend`` (default ``[roots]``).
+        Pillar ``multimaster:master:fileserver_backend``, else the master's own value.
 
     gitfs
         Whether ``master:gitfs:remotes`` are set.
@@ -658,26 +664,38 @@ def reactor_config(reactor):
     return [{tag: [sls]} for key, (tag, sls) in REACTORS.items() if reactor.get(key)]
 
 
-def master_config(settings, master):
+def master_config(settings, master, own=None):
     """
-    The ``master.d`` options for ``master`` (an entry of ``settings["masters"]``).
+    The ``master.d`` options for ``master`` (an entry of ``settings["masters"]``). Salt reads
+    ``master.d`` after the master's own ``master`` file and a key set here replaces the one
+    there, so only what pillar sets is rendered; where the set needs a value of its own
+    (file server backends, ``peer_run``) it extends the master's own.
+
+    own
+        The master's own options, as its config without the formula's files sets them
+        (``fileserver_backend``, ``peer_run``); Salt's defaults where absent.
     """
+    own = own or {}
     section = settings["master"]
     config = {
-        "interface": (
-            cluster_address(master)
-            if settings["mode"] == "cluster"
-            else master.get("interface", section["interface"])
-        ),
         "publish_port": settings["ports"]["publish"],
         "ret_port": settings["ports"]["ret"],
-        # A master's own roots (masters sharing a host need different paths) win.
-        **{key: master.get(key, section[key]) for key in ROOTS_KEYS},
         ROOT: runner_section(settings),
     }
+    interface = _interface(settings, master)
+    if interface:
+        config["interface"] = interface
+    # A master's own roots (masters sharing a host need different paths) win.
+    for key in ROOTS_KEYS:
+        if key in master or key in section:
+            config[key] = master.get(key, section.get(key))
     # Identical on every master: masters with different ACLs each hold independent control.
     config.update(section["acl"])
-    config["peer_run"] = {**(section["acl"].get("peer_run") or {}), **pull_acl(settings)}
+    config["peer_run"] = {
+        **(own.get("peer_run") or {}),
+        **(section["acl"].get("peer_run") or {}),
+        **pull_acl(settings),
+    }
     if settings["mode"] == "failover" and settings["signing"]["enabled"]:
         config["master_sign_pubkey"] = True
     if settings["sse"]["enabled"]:
@@ -689,13 +707,24 @@ def master_config(settings, master):
         config["reactor"] = reactors
     gitfs = section["gitfs"]
     config["fileserver_backend"] = fileserver_backends(
-        section["fileserver_backend"], bool(gitfs["remotes"])
+        section.get("fileserver_backend") or own.get("fileserver_backend") or ["roots"],
+        bool(gitfs["remotes"]),
     )
     if gitfs["remotes"]:
         config["gitfs_provider"] = gitfs["provider"]
         config["gitfs_remotes"] = gitfs["remotes"]
     config.update(section["config"])
     return config
+
+
+def _interface(settings, master):
+    """
+    The address ``master`` binds where the set decides it (cluster mode: the address its
+    peers dial) or pillar names one; None leaves the master's own setting alone.
+    """
+    if settings["mode"] == "cluster":
+        return cluster_address(master)
+    return master.get("interface") or settings["master"].get("interface")
 
 
 def minion_config(settings):

@@ -45,7 +45,7 @@ def test_pillar_example_passes_validation(defaults):
 def test_pillar_example_sets_nothing_unknown(defaults):
     # Every key of pillar.example (outside the free-form acl/config and the masters list) is an
     # option the defaults know: a typo here would be silently ignored by the formula.
-    free = ("master:acl:", "master:config:")
+    free = ("master:acl:", "master:config:", *(f"master:{key}" for key in ms.OWN_MASTER_KEYS))
     unknown = {
         path
         for path in key_paths(example()) - key_paths(defaults)

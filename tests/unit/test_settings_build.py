@@ -84,10 +84,9 @@ def test_hot_configs(defaults):
         "master_tries": 1,
     }
     master = ms.master_config(settings, settings["masters"][1])
-    assert master["interface"] == "0.0.0.0"
     assert (master["publish_port"], master["ret_port"]) == (4505, 4506)
-    assert master["file_roots"] == {"base": ["/srv/salt"]}
-    assert master["pillar_roots"] == {"base": ["/srv/pillar"]}
+    # What pillar does not set stays the master's own (master.d replaces a key it sets).
+    assert not {"interface", "file_roots", "pillar_roots"} & set(master)
     section = master["multimaster"]
     assert section == ms.runner_section(settings)
     assert {"mode", "ports", "masters", "manage_services"} <= set(section)
@@ -132,6 +131,29 @@ def test_per_master_interface_wins(defaults):
     assert ms.master_config(settings, settings["masters"][1])["interface"] == "127.0.0.1"
 
 
+def test_only_what_pillar_sets_replaces_the_masters_own(defaults):
+    """
+    A master whose own config serves roots and gitfs from its ``master`` file keeps them: the
+    formula extends its backends and ``peer_run`` instead of writing Salt's defaults over them.
+    """
+    own = {
+        "fileserver_backend": ["gitfs", "roots"],
+        "peer_run": {"^ops$": ["^jobs\\."]},
+        "file_roots": {"base": ["/srv/formulas/site"]},
+        "interface": "10.0.3.61",
+    }
+    settings = build(defaults)
+    master = ms.master_config(settings, settings["masters"][0], own)
+    assert not {"interface", "file_roots", "pillar_roots"} & set(master)
+    assert master["fileserver_backend"] == ["gitfs", "roots", "multimaster"]
+    assert master["peer_run"]["^ops$"] == ["^jobs\\."]
+    assert master["peer_run"]["^(master1|master2)$"] == ["^multimaster_transfer\\.pull$"]
+    chosen = build(defaults, master={"interface": "10.0.3.9", "fileserver_backend": ["roots"]})
+    master = ms.master_config(chosen, chosen["masters"][0], own)
+    assert master["interface"] == "10.0.3.9"
+    assert master["fileserver_backend"] == ["roots", "multimaster"]
+
+
 def test_per_master_roots_win(defaults):
     """
     Masters on one host need their own roots: a master's ``file_roots``/``pillar_roots`` win
@@ -145,7 +167,7 @@ def test_per_master_roots_win(defaults):
     )
     first, second = (ms.master_config(settings, m) for m in settings["masters"])
     assert first["file_roots"] == {"base": ["/srv/salt"]} and second["file_roots"] == own
-    assert first["pillar_roots"] == second["pillar_roots"]
+    assert "pillar_roots" not in first and "pillar_roots" not in second
 
 
 def test_failover_configs(defaults):
