@@ -182,8 +182,18 @@ def _call(section, masters, fun, kwarg, timeout, check=None):
             try:
                 answers[master_id] = check(ret["ret"]) if check else ret["ret"]
             except (ValueError, TypeError, KeyError) as exc:
-                errors[master_id] = f"{fun} on {minion_id}: malformed return: {exc}"
+                errors[master_id] = f"{fun} on {minion_id}: malformed return ({_reason(exc)})"
     return answers, errors
+
+
+def _reason(exc):
+    """
+    A check's own message (a ValueError names what is wrong); for a missing field or a wrong
+    type, a sentence instead of Python's exception text.
+    """
+    if isinstance(exc, ValueError):
+        return str(exc)
+    return "a field is missing or of the wrong type; sync the formula on both ends"
 
 
 def _binding(answer, master):
@@ -478,6 +488,7 @@ def sync_keys(minion=None, prune=False, test=False, force=False, masters=None, t
     try:
         section = _addressable(_section(masters), "sync_keys")
         ids = None if minion is None else [multimaster_ids.check_id(minion, "minion")]
+        _await_restarts(section)
     except SaltInvocationError as exc:
         return _refused(exc)
     order = _ids(section)
@@ -498,6 +509,7 @@ def _one_id(op, minion_id, fingerprint, test, masters, timeout, force=False):
     try:
         section = _addressable(_section(masters), op)
         multimaster_ids.check_id(minion_id, "minion id")
+        _await_restarts(section)
     except SaltInvocationError as exc:
         return _refused(exc)
     refused = {}
@@ -630,10 +642,7 @@ def wait_masters(timeout=180, interval=1, skip=None):
     waiting, last = [m for m in _ids(section) if m not in skipped], {}
     next_nudge = READY_NUDGE_INTERVAL
     while True:
-        try:
-            answers, errors = _call(section, waiting, "master_settled", {}, SETTLED_POLL_TIMEOUT)
-        except SaltClientError as exc:  # this master is restarting
-            answers, errors = {}, {m: str(exc) for m in waiting}
+        answers, errors = _poll_settled(section, waiting)
         last = {m: errors.get(m) or answers.get(m) for m in waiting}
         waiting = [m for m in waiting if not (answers.get(m) or {}).get("settled")]
         waited = round(time.monotonic() - start, 1)
@@ -650,6 +659,51 @@ def wait_masters(timeout=180, interval=1, skip=None):
             _nudge_raft()
             next_nudge = waited + READY_NUDGE_INTERVAL
         time.sleep(float(interval))
+
+
+def _poll_settled(section, masters):
+    """
+    ``(answers, errors)`` of ``master_settled`` on ``masters``; while this master itself is
+    restarting nothing can be published and every master is an error.
+    """
+    try:
+        return _call(section, masters, "master_settled", {}, SETTLED_POLL_TIMEOUT)
+    except SaltClientError:
+        return {}, {m: "this master is restarting: nothing can be published yet" for m in masters}
+
+
+# A runner run right after ``multimaster.master`` meets masters restarting (3 s after that job
+# returned): it waits this long for a pending restart before it refuses.
+SETTLE_TIMEOUT = 120
+# A control minion that does not answer may be restarting, or its host may be down: wait this
+# long for it, then go on (the run then reports that master unreachable).
+SILENT_GRACE = 15
+
+
+def _await_restarts(section):
+    """
+    Wait, with progress, while a master's restart is pending or this master is restarting;
+    masters that are down are left for the run to report. Raises ``Refused`` naming the
+    masters still restarting after ``SETTLE_TIMEOUT`` seconds.
+    """
+    start = time.monotonic()
+    waiting = _ids(section)
+    while True:
+        answers, errors = _poll_settled(section, waiting)
+        waited = time.monotonic() - start
+        pending = [m for m, a in answers.items() if (a or {}).get("restart_pending")]
+        silent = [m for m in waiting if m not in answers and waited < SILENT_GRACE]
+        waiting = pending + silent
+        if not waiting:
+            return
+        if waited > SETTLE_TIMEOUT:
+            raise Refused(
+                f"a restart of {', '.join(waiting)} is still pending after {SETTLE_TIMEOUT}s "
+                f"({'; '.join(str(errors.get(m) or answers.get(m)) for m in waiting)}): "
+                "run 'salt-run multimaster.wait_masters', then run this command again"
+            )
+        _progress(f"waiting for {', '.join(waiting)} to finish restarting ({round(waited)}s)")
+        time.sleep(1)
 
 
 # --- reactors --------------------------------------------------------------------------------
@@ -1024,6 +1078,7 @@ def sync_master_key(test=False, masters=None, timeout=180):
             )
         section = _addressable(_section(), "sync_master_key")
         signing = _signing(section)
+        _await_restarts(section)
         plan, errors = _key_plan(section, signing, timeout)
     except SaltInvocationError as exc:
         return _refused(exc)
@@ -1284,10 +1339,21 @@ def _opened_manifest(section, master, answer, nonce):
         master,
         _signer_key(),
         _primary_key_entry(entry["minion_id"])[1],
-        {"target": master, "config_dir": entry["config_dir"]},
+        _expected_binding(master, entry),
         _Nonce(nonce),
     )
     return body["files"], _partial_check(body.get("dirs"), body["files"])
+
+
+def _expected_binding(master, entry):
+    """
+    What a peer's answer must be bound to: the master, and its ``config_dir`` where pillar
+    names one (else the peer binds the config dir it resolved itself, which only it knows).
+    """
+    expect = {"target": master}
+    if entry.get("config_dir"):
+        expect["config_dir"] = entry["config_dir"]
+    return expect
 
 
 def _roots_plan(local, files, partial=None):
@@ -1405,6 +1471,7 @@ def sync_roots(roots="both", test=False, timeout=300):
             raise Refused(f"roots={roots!r}: expected one of file, pillar, both")
         current = _on_disk()
         section = _addressable(_section(opts=current), "sync_roots")
+        _await_restarts(section)
         kinds, notes = multimaster_roots.synced_kinds(current, _ROOT_CHOICES[roots])
         if not kinds:
             return _finish({"masters": {}, "comment": "; ".join(notes)}, False)
@@ -1446,12 +1513,22 @@ def sync_roots(roots="both", test=False, timeout=300):
     return _finish(ret, any(r.get("result") is False for r in ret["masters"].values()))
 
 
+def _malformed_manifest(master):
+    return (
+        f"manifest of {master}: its answer lacks fields this runner needs; run "
+        f"'salt-run saltutil.sync_all' and 'salt <its control minion> saltutil.sync_all' so "
+        "both ends run the same formula version"
+    )
+
+
 def _sync_one_root_set(section, master, local, answer, nonce, test, timeout):
     try:
         files, partial = _opened_manifest(section, master, answer, nonce)
         pairs, members = _roots_plan(local, files, partial)
-    except (SaltInvocationError, multimaster_seal.SealError, KeyError, IndexError) as exc:
+    except (SaltInvocationError, multimaster_seal.SealError) as exc:
         return {"result": False, "error": f"manifest of {master}: {exc}"}
+    except (KeyError, IndexError, TypeError):
+        return {"result": False, "error": _malformed_manifest(master)}
     report = _roots_report(pairs, local)
     if test:
         return {"result": None, "planned": report}
@@ -1561,8 +1638,10 @@ def _roots_paths_differ(section, reachable, slots, timeout):
         try:
             # No directory digests were sent: whole manifests.
             opened[master] = _opened_manifest(section, master, answer, nonce)[0]
-        except (SaltInvocationError, multimaster_seal.SealError, KeyError) as exc:
+        except (SaltInvocationError, multimaster_seal.SealError) as exc:
             errors[master] = f"manifest of {master}: {exc}"
+        except (KeyError, IndexError, TypeError):
+            errors[master] = _malformed_manifest(master)
     reference = reachable[0]
     out = {}
     for kind, env, index in slots:

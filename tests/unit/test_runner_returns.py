@@ -78,6 +78,92 @@ def publish_through_cmd(runner, monkeypatch):
     monkeypatch.setattr(runner.multimaster_returns, "cmd_returns", cmd_returns)
 
 
+@pytest.fixture(autouse=True)
+def settled(runner, monkeypatch, request):
+    """
+    Every master settled: the runners' wait for pending restarts is its own tests' subject.
+    """
+    if "restarting" not in request.fixturenames:
+        monkeypatch.setattr(runner, "_await_restarts", lambda section: None)
+
+
+@pytest.fixture
+def restarting(runner, monkeypatch):
+    """
+    ``restarting(answers)``: ``master_settled`` answers each poll with the next of ``answers``
+    (a dict of control minion -> answer, or an exception to raise); anything else answers
+    with an empty inventory. Returns the list of functions published.
+    """
+    calls = []
+    monkeypatch.setattr(runner.time, "sleep", lambda seconds: None)
+
+    def restarting(answers):
+        polls = iter(answers)
+
+        class Client:
+            def cmd(self, tgt, fun, kwarg=None, **_):
+                calls.append(fun)
+                if fun != "multimaster_peer.master_settled":
+                    return {m: {"ret": dict(GOOD_DIGESTS), "retcode": 0} for m in tgt}
+                answer = next(polls)
+                if isinstance(answer, Exception):
+                    raise answer
+                return {m: {"ret": ret, "retcode": 0} for m, ret in answer.items()}
+
+        monkeypatch.setattr(
+            runner.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(Client())
+        )
+        return calls
+
+    return restarting
+
+
+SETTLED = {"up": True, "restart_pending": False, "settled": True}
+PENDING = {"up": True, "restart_pending": True, "settled": False}
+
+
+def test_a_runner_waits_for_a_pending_restart_before_it_acts(runner, restarting):
+    """
+    Run right after ``multimaster.master``, a runner meets this master restarting and then a
+    peer whose restart is pending: it waits for both, then acts.
+    """
+    from salt.exceptions import SaltClientError
+
+    calls = restarting(
+        [
+            SaltClientError("no master"),
+            {"cm1": SETTLED, "cm2": PENDING},
+            {"cm1": SETTLED, "cm2": SETTLED},
+        ]
+    )
+    ret = runner.sync_keys(test=True)
+    assert calls[:3] == ["multimaster_peer.master_settled"] * 3
+    assert "multimaster_peer.key_inventory" in calls[3:], calls
+    assert ret["retcode"] == 0, ret
+
+
+def test_a_restart_that_stays_pending_is_refused_naming_master_and_command(runner, restarting):
+    calls = restarting([{"cm1": SETTLED, "cm2": PENDING}] * 3)
+    runner.SETTLE_TIMEOUT, saved = -1, runner.SETTLE_TIMEOUT
+    try:
+        ret = runner.sync_roots()
+    finally:
+        runner.SETTLE_TIMEOUT = saved
+    assert ret["retcode"] == 1, ret
+    assert "restart of m2 is still pending" in ret["comment"], ret
+    assert "salt-run multimaster.wait_masters" in ret["comment"], ret
+    assert set(calls) == {"multimaster_peer.master_settled"}
+
+
+def test_a_master_that_is_down_is_not_waited_for(runner, restarting):
+    """
+    A stopped master (no restart pending) is the run's to report, not a reason to wait.
+    """
+    calls = restarting([{"cm1": SETTLED, "cm2": {"up": False, "restart_pending": False}}])
+    runner.sync_keys(test=True)
+    assert calls.count("multimaster_peer.master_settled") == 1, calls
+
+
 @pytest.fixture
 def use(runner, monkeypatch):
     """
