@@ -25,6 +25,7 @@ import salt.runner
 import salt.utils.event
 import salt.utils.files
 import salt.utils.json
+import salt.utils.minions
 from salt.exceptions import SaltClientError, SaltInvocationError
 
 try:
@@ -659,6 +660,53 @@ def wait_masters(timeout=180, interval=1, skip=None):
             _nudge_raft()
             next_nudge = waited + READY_NUDGE_INTERVAL
         time.sleep(float(interval))
+
+
+def wait_minions(tgt="*", timeout=180, interval=2):
+    """
+    Wait until every minion whose key this master has accepted and that ``tgt`` matches
+    answers ``test.ping`` here: what to run after ``multimaster.minion`` restarted minions (or
+    after a failover) before ``status``. Progress names the minions still silent.
+
+    tgt
+        A glob of minion ids.
+
+    timeout
+        Seconds to wait in all.
+
+    interval
+        Seconds between rounds.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.wait_minions
+        salt-run multimaster.wait_minions tgt='web*' timeout=60
+    """
+    if not isinstance(tgt, str) or not tgt:
+        return _refused(Refused(f"tgt: got {tgt!r}; expected a glob of minion ids"))
+    expected = set(salt.utils.minions.CkMinions(__opts__).check_minions(tgt)["minions"])
+    start, silent = time.monotonic(), set(expected)
+    with salt.client.get_local_client(__opts__["conf_file"]) as client:
+        while True:
+            answered = client.cmd(sorted(silent), "test.ping", tgt_type="list", timeout=5)
+            silent -= {m for m, ret in (answered or {}).items() if ret is True}
+            waited = round(time.monotonic() - start, 1)
+            if not silent:
+                return _finish(
+                    {"comment": f"{len(expected)} minions answer", "waited": waited}, False
+                )
+            if waited > float(timeout):
+                return _finish(
+                    {
+                        "comment": f"not answering after {timeout}s",
+                        "silent": sorted(silent)[:SHOWN],
+                    },
+                    True,
+                )
+            _progress(f"{len(silent)} minions not answering yet: {', '.join(sorted(silent)[:10])}")
+            time.sleep(float(interval))
 
 
 def _poll_settled(section, masters):

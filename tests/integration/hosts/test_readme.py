@@ -1,0 +1,46 @@
+"""
+The README's real-host walk-through ("On real hosts: a failover pair from bare machines"), run
+as written on four separate hosts with Salt's default paths; only the bootstrap block is
+replaced by what it installs. A change to the README that breaks it fails here.
+"""
+
+import subprocess
+
+from tests.support import hosts as nshosts
+from tests.support import walkthrough
+
+SECTION = "On real hosts: a failover pair from bare machines"
+HOSTS = {
+    "master1": "10.0.3.61",
+    "master2": "10.0.3.230",
+    "minion1": "10.0.3.71",
+    "minion2": "10.0.3.72",
+}
+PRIMARY = "10.0.3.61"
+# What one block may take at most (the failover wait is the longest: 4 x alive_interval).
+BLOCK_TIMEOUT = 600
+
+
+def _formula_git():
+    """
+    The repository under test, as the URL the walk-through clones (its committed HEAD).
+    """
+    root = walkthrough.REPO_ROOT
+    subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=True, capture_output=True)
+    return str(root)
+
+
+def test_the_failover_pair_walk_through_runs_as_written(host_set):
+    blocks = walkthrough.blocks(SECTION)
+    assert blocks[0].host == "every host" and "bootstrap-salt.sh" in blocks[0].script
+    for host in host_set:
+        nshosts.bootstrap(host, PRIMARY, master=host.name.startswith("master"))
+    env = {"FORMULA_GIT": _formula_git()}
+    outputs = []
+    for block in blocks[1:]:
+        result = host_set[block.host].sh(block.script, check=False, timeout=BLOCK_TIMEOUT, env=env)
+        outputs.append(f"# {block.host}\n{result.stdout}{result.stderr}")
+        assert result.returncode == 0, "\n".join(outputs)
+    # The last block waited until both minions answered master2 with master1 down.
+    final = host_set["master2"].sh("salt 'minion*' test.ping --out=json --static").stdout
+    assert '"minion1": true' in final and '"minion2": true' in final, final

@@ -1,0 +1,326 @@
+"""
+Separate hosts on one machine, made from Linux namespaces: each host has its own network
+namespace (one address on a private bridge this module creates, nothing routed beyond it), its
+own mount namespace (private ``/etc/salt``, ``/var/cache/salt``, ``/var/log/salt``, ``/srv``,
+``/run`` and ``/etc/hosts``) and its own UTS namespace (hostname). Salt runs there on
+its default paths and ports, started as ``salt-master -d`` / ``salt-minion -d``: no init system
+(see docs in ``tests/integration/hosts/README.md`` for why).
+
+Everything a ``HostSet`` makes is named with its ``prefix`` and removed by ``down()`` (and by
+the next ``up()`` after a run that was killed): processes, namespaces, veth pairs, the bridge,
+the hosts' directories. Needs root, ``ip`` (iproute2), ``unshare`` and ``nsenter`` (util-linux).
+
+    with HostSet([Host("master1", "10.0.3.61"), Host("minion1", "10.0.3.71")]) as hosts:
+        hosts["master1"].sh("salt-key -L")
+"""
+
+import contextlib
+import dataclasses
+import os
+import pathlib
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+import psutil
+
+# The Salt CLIs of the virtualenv running us go first on every host's PATH.
+SALT_BIN = pathlib.Path(sys.executable).parent
+# Where each host's private directories live on the machine's disk.
+STATE_DIR = pathlib.Path("/var/tmp/multimaster-hosts")
+# Namespace handles (bind-mounted nsfs files) need a mount with private propagation.
+HANDLES = pathlib.Path("/run/multimaster-hosts")
+# Not /root: the interpreter running Salt may live there (pyenv).
+PRIVATE_DIRS = ("/etc/salt", "/var/cache/salt", "/var/log/salt", "/srv", "/run")
+PREFIX_LEN = 4
+# A stand-in for the service manager of a host with no init: `systemctl start|stop|restart
+# salt-master|salt-minion` does what the unit would, by Salt's default pidfile.
+SYSTEMCTL = """#!/bin/sh
+set -e
+action=$1 unit=${2%.service}
+case $unit in salt-master|salt-minion) ;; *) echo "systemctl: unit $unit unknown here" >&2; exit 5;; esac
+pidfile=/run/$unit.pid
+stop() {
+    if [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null; then
+        while kill -0 "$(cat "$pidfile" 2>/dev/null || echo 0)" 2>/dev/null; do sleep 0.2; done
+    fi
+    rm -f "$pidfile"
+}
+case $action in
+    start) [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null || "$unit" -d ;;
+    stop) stop ;;
+    restart) stop; "$unit" -d ;;
+    is-active) [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null ;;
+    *) echo "systemctl: $action not supported here" >&2; exit 2 ;;
+esac
+"""
+
+
+class HostError(RuntimeError):
+    """
+    A command on a host failed; the message carries its output.
+    """
+
+
+def _run(argv, check=True, timeout=60, **kwargs):
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, check=False, **kwargs
+    )
+    if check and proc.returncode:
+        raise HostError(f"{shlex.join(argv)}: exit {proc.returncode}\n{proc.stdout}{proc.stderr}")
+    return proc
+
+
+@dataclasses.dataclass
+class Host:
+    """
+    One host: its name (also its hostname and the Salt id the tests give it) and address.
+    """
+
+    name: str
+    address: str
+    prefix: str = "mm"
+    state_dir: pathlib.Path = STATE_DIR
+
+    @property
+    def netns(self):
+        return f"{self.prefix}-{self.name}"
+
+    @property
+    def veth(self):
+        return f"{self.prefix}v{self.address.rsplit('.', 1)[1]}"
+
+    @property
+    def root(self):
+        """
+        This host's private directories on the machine's disk.
+        """
+        return self.state_dir / self.name
+
+    def path(self, inside):
+        """
+        Where the host's ``inside`` path (under one of its private directories) lies on disk.
+        """
+        if inside == "/etc/hosts":
+            return self.root / "hosts"
+        for private in PRIVATE_DIRS:
+            if inside == private or inside.startswith(private + "/"):
+                rest = inside[len(private) :].lstrip("/")
+                return self.root / private.strip("/").replace("/", "_") / rest
+        raise ValueError(f"{inside} is not private to {self.name}")
+
+    def enter(self):
+        """
+        The ``nsenter`` prefix that runs a command on this host.
+        """
+        handles = HANDLES / self.name
+        return [
+            "nsenter",
+            f"--net=/run/netns/{self.netns}",
+            f"--mount={handles}.mnt",
+            f"--uts={handles}.uts",
+            "--wd=/srv",
+            "--",
+        ]
+
+    def environment(self):
+        return {
+            "PATH": f"{self.root / 'bin'}:{SALT_BIN}:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/root",
+            "LANG": "C.UTF-8",
+            "HOSTNAME": self.name,
+        }
+
+    def sh(self, script, check=True, timeout=300, env=None):
+        """
+        Run ``script`` with ``bash -e`` on this host; returns the CompletedProcess. A failure
+        (with ``check``) raises ``HostError`` carrying the output.
+        """
+        argv = [*self.enter(), "env", "-i"]
+        argv += [f"{k}={v}" for k, v in {**self.environment(), **(env or {})}.items()]
+        argv += ["bash", "-e", "-o", "pipefail", "-c", script]
+        return _run(argv, check=check, timeout=timeout)
+
+    def pids(self):
+        """
+        The processes running on this host (in its network namespace).
+        """
+        proc = _run(["ip", "netns", "pids", self.netns], check=False)
+        return [int(p) for p in proc.stdout.split()]
+
+    def kill_all(self, timeout=20):
+        """
+        Stop every process of this host: SIGTERM, then SIGKILL what is left.
+        """
+        procs = []
+        for pid in self.pids():
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                proc.terminate()
+                procs.append(proc)
+        _, alive = psutil.wait_procs(procs, timeout=timeout)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(alive, timeout=10)
+
+    def log(self, name, tail=80):
+        """
+        The last ``tail`` lines of ``/var/log/salt/<name>`` on this host.
+        """
+        path = self.path(f"/var/log/salt/{name}")
+        if not path.is_file():
+            return f"({name}: no log)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-tail:])
+
+
+class HostSet:
+    """
+    Hosts on one private bridge: ``up()`` makes them, ``down()`` removes everything made.
+    """
+
+    def __init__(self, hosts, prefix="mm", subnet="10.0.3"):
+        self.prefix = prefix
+        self.subnet = subnet
+        self.bridge = f"{prefix}br0"
+        self.hosts = {h.name: dataclasses.replace(h, prefix=prefix) for h in hosts}
+        for host in self.hosts.values():
+            if not host.address.startswith(subnet + "."):
+                raise ValueError(f"{host.name}: {host.address} is not in {subnet}.0/24")
+
+    def __getitem__(self, name):
+        return self.hosts[name]
+
+    def __iter__(self):
+        return iter(self.hosts.values())
+
+    def __enter__(self):
+        self.up()
+        return self
+
+    def __exit__(self, *_):
+        self.down()
+
+    def up(self):
+        self.down()
+        _run(["ip", "link", "add", self.bridge, "type", "bridge"])
+        _run(["ip", "link", "set", self.bridge, "up"])
+        HANDLES.mkdir(parents=True, exist_ok=True)
+        if not _is_private_mount(HANDLES):
+            _run(["mount", "--bind", str(HANDLES), str(HANDLES)])
+            _run(["mount", "--make-private", str(HANDLES)])
+        for host in self:
+            self._make(host)
+
+    def _make(self, host):
+        _run(["ip", "netns", "add", host.netns])
+        _run(["ip", "link", "add", host.veth, "type", "veth", "peer", "name", "eth0",
+              "netns", host.netns])
+        _run(["ip", "link", "set", host.veth, "master", self.bridge, "up"])
+        inside = ["ip", "-n", host.netns]
+        _run([*inside, "addr", "add", f"{host.address}/24", "dev", "eth0"])
+        _run([*inside, "link", "set", "eth0", "up"])
+        _run([*inside, "link", "set", "lo", "up"])
+        shutil.rmtree(host.root, ignore_errors=True)
+        for private in PRIVATE_DIRS:
+            host.path(private).mkdir(parents=True, exist_ok=True)
+            pathlib.Path(private).mkdir(parents=True, exist_ok=True)
+        host.path("/etc/hosts").write_text(self._hosts_file())
+        bindir = host.root / "bin"
+        bindir.mkdir()
+        (bindir / "systemctl").write_text(SYSTEMCTL)
+        (bindir / "systemctl").chmod(0o755)
+        handles = HANDLES / host.name
+        for kind in ("mnt", "uts"):
+            pathlib.Path(f"{handles}.{kind}").touch()
+        binds = [f"mount --bind {host.path(p)} {p}" for p in (*PRIVATE_DIRS, "/etc/hosts")]
+        _run(
+            [
+                "unshare",
+                f"--mount={handles}.mnt",
+                f"--uts={handles}.uts",
+                "--propagation",
+                "private",
+                "sh",
+                "-ec",
+                "; ".join([f"hostname {host.name}", *binds]),
+            ]
+        )
+
+    def _hosts_file(self):
+        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+        lines += [f"{h.address} {h.name}" for h in self]
+        return "\n".join(lines) + "\n"
+
+    def down(self):
+        """
+        Remove every host of this prefix, also those a killed run left behind.
+        """
+        for netns in _run(["ip", "netns", "list"], check=False).stdout.split("\n"):
+            name = netns.split(" ")[0]
+            if name.startswith(f"{self.prefix}-"):
+                host = Host(name[len(self.prefix) + 1 :], "0.0.0.0", self.prefix)
+                host.kill_all()
+                _run(["ip", "netns", "delete", name], check=False)
+        for link in _links(f"{self.prefix}v"):
+            _run(["ip", "link", "delete", link], check=False)
+        _run(["ip", "link", "delete", self.bridge], check=False)
+        for host in self:
+            for kind in ("mnt", "uts"):
+                handle = pathlib.Path(f"{HANDLES / host.name}.{kind}")
+                _run(["umount", str(handle)], check=False)
+                handle.unlink(missing_ok=True)
+            shutil.rmtree(host.root, ignore_errors=True)
+
+    def wait(self, what, check, timeout, interval=2.0):
+        """
+        Call ``check`` until it is truthy; AssertionError naming ``what`` after ``timeout`` s.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            result = check()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            time.sleep(interval)
+
+
+def _links(prefix):
+    out = _run(["ip", "-o", "link", "show"], check=False).stdout
+    names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
+    return [name for name in names if name.startswith(prefix)]
+
+
+def _is_private_mount(path):
+    for line in pathlib.Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == str(path):
+            return "shared:" not in line
+    return False
+
+
+def bootstrap(host, master_address, master=False, ship_config=True):
+    """
+    What the Salt Project's bootstrap script leaves on a host (``-A <address> -i <id>``, ``-M``
+    for a master): Salt on PATH, ``/etc/salt/minion`` (and ``master``) as the packages ship
+    them, every option commented out, the minion id and master address, and the daemons
+    started. ``ship_config=False``: a pip install, which ships no config file at all.
+    """
+    files = {"/etc/salt/minion_id": host.name}
+    files["/etc/salt/minion.d/99-master-address.conf"] = f"master: {master_address}\n"
+    if ship_config:
+        files["/etc/salt/minion"] = "##### Primary configuration settings #####\n#master: salt\n"
+        if master:
+            files["/etc/salt/master"] = (
+                "##### Primary configuration settings #####\n#interface: 0.0.0.0\n"
+                "#file_roots:\n#  base:\n#    - /srv/salt\n"
+            )
+    for inside, text in files.items():
+        path = host.path(inside)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    daemons = ["salt-master -d"] if master else []
+    host.sh("; ".join([*daemons, "salt-minion -d"]))

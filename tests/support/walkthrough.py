@@ -1,0 +1,43 @@
+"""
+The README's shell walk-throughs as data: each ``sh`` block of a section, with the host it runs
+on (its first line, ``# on <host>: ...`` or ``# on every host: ...``), so that the tests run
+exactly what the README prints.
+"""
+
+import dataclasses
+import pathlib
+import re
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+_BLOCK = re.compile(r"^```sh\n(.*?)^```$", re.S | re.M)
+_ON = re.compile(r"^# on (every host|[A-Za-z0-9_.-]+)\b")
+
+
+@dataclasses.dataclass
+class Block:
+    host: str  # a host name, or "every host"
+    script: str
+
+
+def section(title, readme=REPO_ROOT / "README.md"):
+    """
+    The text of the README section (``## <title>``) up to the next ``## `` heading.
+    """
+    text = readme.read_text(encoding="utf-8")
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def blocks(title, readme=REPO_ROOT / "README.md"):
+    """
+    The ``sh`` blocks of that section, in order; a block that names no host is an error.
+    """
+    found = []
+    for match in _BLOCK.finditer(section(title, readme)):
+        script = match.group(1)
+        on = _ON.match(script)
+        if not on:
+            raise ValueError(f"README {title!r}: a sh block does not start with '# on <host>'")
+        found.append(Block(on.group(1), script))
+    return found
