@@ -40,6 +40,8 @@ PREFIX_LEN = 4
 SYSTEMCTL = """#!/bin/sh
 set -e
 action=$1 unit=${2%.service}
+# What Salt's grains ask of any systemctl on PATH.
+[ "$action" = --version ] && { echo "systemd 252 (252.0)"; echo "+PAM"; exit 0; }
 case $unit in salt-master|salt-minion) ;; *) echo "systemctl: unit $unit unknown here" >&2; exit 5;; esac
 pidfile=/run/$unit.pid
 stop() {
@@ -310,6 +312,9 @@ def bootstrap(host, master_address, master=False, ship_config=True):
     started. ``ship_config=False``: a pip install, which ships no config file at all.
     """
     files = {"/etc/salt/minion_id": host.name}
+    # The packages create both include dirs; a pip install creates neither.
+    if ship_config:
+        host.path("/etc/salt/master.d" if master else "/etc/salt/minion.d").mkdir(parents=True)
     files["/etc/salt/minion.d/99-master-address.conf"] = f"master: {master_address}\n"
     if ship_config:
         files["/etc/salt/minion"] = "##### Primary configuration settings #####\n#master: salt\n"
