@@ -45,8 +45,9 @@ action=$1 unit=${2%.service}
 case $unit in salt-master|salt-minion) ;; *) echo "systemctl: unit $unit unknown here" >&2; exit 5;; esac
 pidfile=/run/$unit.pid
 stop() {
-    if [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null; then
-        while kill -0 "$(cat "$pidfile" 2>/dev/null || echo 0)" 2>/dev/null; do sleep 0.2; done
+    pid=$(cat "$pidfile" 2>/dev/null) || pid=
+    if [ -n "$pid" ] && kill "$pid" 2>/dev/null; then
+        while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
     fi
     rm -f "$pidfile"
 }
