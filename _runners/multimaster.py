@@ -1240,12 +1240,28 @@ def _dir_digests(local):
     """
     dirs = {
         kind: {
-            env: [multimaster_roots.dir_digests(r["files"]) for r in rs] for env, rs in envs.items()
+            env: [multimaster_roots.dir_digests(r["files"], r["dirs"]) for r in rs]
+            for env, rs in envs.items()
         }
         for kind, envs in _published(local).items()
     }
     size = len(salt.utils.json.dumps(dirs))
     return dirs if size <= multimaster_roots.DIR_DIGESTS_LIMIT else None
+
+
+def _per_root(value, files, what, valid):
+    """
+    ``value`` (``{kind: {env: [item, ...]}}`` from a peer's sealed manifest), checked to have
+    the shape of ``files`` and each item to pass ``valid``; ``Refused`` names ``what``.
+    """
+    for kind, envs in files.items():
+        for env, roots in envs.items():
+            given = value.get(kind, {}).get(env) if isinstance(value, dict) else None
+            if not isinstance(given, list) or len(given) != len(roots):
+                raise Refused(f"the {what} of {kind} {env} do not match the manifests")
+            if not all(valid(item) for item in given):
+                raise Refused(f"malformed {what} in {kind} {env}")
+    return value
 
 
 def _partial_check(partial, files):
@@ -1255,24 +1271,40 @@ def _partial_check(partial, files):
     """
     if partial is None:
         return None
-    for kind, envs in files.items():
-        for env, roots in envs.items():
-            given = partial.get(kind, {}).get(env) if isinstance(partial, dict) else None
-            if not isinstance(given, list) or len(given) != len(roots):
-                raise Refused(f"the directories of {kind} {env} do not match the manifests")
-            for where in given:
-                if where is not None and not (
-                    isinstance(where, list) and all(isinstance(d, str) for d in where)
-                ):
-                    raise Refused(f"malformed directory list in {kind} {env}")
-    return partial
+    return _per_root(
+        partial,
+        files,
+        "directory lists",
+        lambda where: (
+            where is None or (isinstance(where, list) and all(isinstance(d, str) for d in where))
+        ),
+    )
+
+
+def _modes_check(modes, files):
+    """
+    The peer's directory modes (``{kind: {env: [{dir: mode}, ...]}}``), checked to have the
+    shape of ``files`` and to hold permission bits.
+    """
+    return _per_root(
+        modes,
+        files,
+        "directory modes",
+        lambda root: (
+            isinstance(root, dict)
+            and all(
+                isinstance(d, str) and type(m) is int and 0 <= m <= 0o777 for d, m in root.items()
+            )
+        ),
+    )
 
 
 def _opened_manifest(section, master, answer, nonce):
     """
-    ``(files, partial)``: the peer's file manifests, unsealed with this master's key and
-    checked to be signed by the peer's control minion (its key accepted here) and bound to
-    this run; and per root the directories a manifest covers (``None``: the whole root).
+    ``(files, modes, partial)``: the peer's file manifests and directory modes, unsealed with
+    this master's key and checked to be signed by the peer's control minion (its key accepted
+    here) and bound to this run; and per root the directories a manifest covers (``None``: the
+    whole root).
     """
     entry = _by_id(section)[master]
     problem = _recipient_problem(entry, {})
@@ -1287,14 +1319,20 @@ def _opened_manifest(section, master, answer, nonce):
         {"target": master, "config_dir": entry["config_dir"]},
         _Nonce(nonce),
     )
-    return body["files"], _partial_check(body.get("dirs"), body["files"])
+    files = body["files"]
+    return (
+        files,
+        _modes_check(body.get("dir_modes"), files),
+        _partial_check(body.get("dirs"), files),
+    )
 
 
-def _roots_plan(local, files, partial=None):
+def _roots_plan(local, files, modes, partial=None):
     """
-    ``(pairs, members)``: per paired root what to write, re-mode and delete; the source files
-    of the content stream in order. Where ``partial`` names the directories a peer's manifest
-    covers, only those directories are compared (the others are equal).
+    ``(pairs, members)``: per paired root what to write, re-mode and delete, and the modes of
+    its directories; the source files of the content stream in order. ``modes`` are the peer's
+    directory modes. Where ``partial`` names the directories a peer's manifest covers, only
+    those directories are compared (the others are equal).
     """
     pairs, members = [], []
     # A kind the peer left out of its manifests has the primary's digests there: equal.
@@ -1303,10 +1341,13 @@ def _roots_plan(local, files, partial=None):
             for index, source in enumerate(rs):
                 target = files.get(kind, {}).get(env, [])[index]
                 where = (partial or {}).get(kind, {}).get(env, [None] * len(rs))[index]
-                mine = (
-                    source["files"]
+                mine, dirs = (
+                    (source["files"], source["dirs"])
                     if where is None
-                    else multimaster_roots.within(source["files"], where)
+                    else (
+                        multimaster_roots.within(source["files"], where),
+                        multimaster_roots.modes_within(source["dirs"], where),
+                    )
                 )
                 diff = multimaster_roots.plan(mine, target)
                 write = [
@@ -1322,6 +1363,7 @@ def _roots_plan(local, files, partial=None):
                         "added": diff["add"],
                         "mode": [[path, source["files"][path]["mode"]] for path in diff["mode"]],
                         "delete": diff["delete"],
+                        "dirs": multimaster_roots.dir_plan(dirs, modes[kind][env][index]),
                     }
                 )
     return pairs, members
@@ -1329,6 +1371,7 @@ def _roots_plan(local, files, partial=None):
 
 def _roots_report(pairs, local):
     report = {"added": [], "changed": [], "modes": [], "deleted": [], "skipped": {}, "bytes": 0}
+    report["dir_modes"] = []
     for pair in pairs:
         root = local[pair["kind"]][pair["env"]][pair["index"]]
         added = set(pair["added"])
@@ -1338,10 +1381,12 @@ def _roots_report(pairs, local):
             )
             report["bytes"] += w["size"]
         report["modes"] += [f"{root['path']}/{p}" for p, _ in pair["mode"]]
+        report["dir_modes"] += [os.path.normpath(f"{root['path']}/{d}") for d, _ in pair["dirs"]]
         report["deleted"] += [f"{root['path']}/{p}" for p in pair["delete"]]
         report["skipped"].update({f"{root['path']}/{p}": r for p, r in root["skipped"].items()})
-    counts = {key: len(report[key]) for key in ("added", "changed", "modes", "deleted", "skipped")}
-    shown = {key: sorted(report[key])[:SHOWN] for key in ("added", "changed", "modes", "deleted")}
+    listed = ("added", "changed", "modes", "dir_modes", "deleted")
+    counts = {key: len(report[key]) for key in (*listed, "skipped")}
+    shown = {key: sorted(report[key])[:SHOWN] for key in listed}
     shown["skipped"] = dict(sorted(report["skipped"].items())[:SHOWN])
     return {"counts": counts, "bytes": report["bytes"], **shown}
 
@@ -1448,8 +1493,8 @@ def sync_roots(roots="both", test=False, timeout=300):
 
 def _sync_one_root_set(section, master, local, answer, nonce, test, timeout):
     try:
-        files, partial = _opened_manifest(section, master, answer, nonce)
-        pairs, members = _roots_plan(local, files, partial)
+        files, modes, partial = _opened_manifest(section, master, answer, nonce)
+        pairs, members = _roots_plan(local, files, modes, partial)
     except (SaltInvocationError, multimaster_seal.SealError, KeyError, IndexError) as exc:
         return {"result": False, "error": f"manifest of {master}: {exc}"}
     report = _roots_report(pairs, local)
@@ -1543,8 +1588,9 @@ def _roots_status(section, reports, timeout):
 
 def _roots_paths_differ(section, reachable, slots, timeout):
     """
-    Per differing root, per master: the paths missing, changed, re-moded or extra compared with
-    the first reachable master (manifests sealed to this master, as ``sync_roots`` reads them).
+    Per differing root, per master: the paths missing, changed, re-moded or extra and the
+    directories of another mode compared with the first reachable master (manifests sealed to
+    this master, as ``sync_roots`` reads them).
     """
     nonce = os.urandom(32).hex()
     kinds = sorted({kind for kind, _, _ in slots})
@@ -1560,7 +1606,7 @@ def _roots_paths_differ(section, reachable, slots, timeout):
     for master, answer in answers.items():
         try:
             # No directory digests were sent: whole manifests.
-            opened[master] = _opened_manifest(section, master, answer, nonce)[0]
+            opened[master] = _opened_manifest(section, master, answer, nonce)[:2]
         except (SaltInvocationError, multimaster_seal.SealError, KeyError) as exc:
             errors[master] = f"manifest of {master}: {exc}"
     reference = reachable[0]
@@ -1573,15 +1619,29 @@ def _roots_paths_differ(section, reachable, slots, timeout):
                 out[name][master] = errors.get(master) or errors[reference]
                 continue
             try:
-                source = opened[reference][kind][env][index]
-                target = opened[master][kind][env][index]
+                source = [part[kind][env][index] for part in opened[reference]]
+                target = [part[kind][env][index] for part in opened[master]]
             except (KeyError, IndexError):
                 out[name][master] = f"{master} has no such root"
                 continue
-            diff = multimaster_roots.plan(source, target)
-            named = {"missing": "add", "changed": "change", "mode": "mode", "extra": "delete"}
-            out[name][master] = {k: diff[v][:SHOWN] for k, v in named.items() if diff[v]}
+            out[name][master] = _differences(*source, *target)
     return out
+
+
+def _differences(files, modes, their_files, their_modes):
+    """
+    What a root holds unlike the reference's ``files`` and directory ``modes``: the paths
+    missing, changed, re-moded or extra, the directories of another mode; each only when any.
+    """
+    diff = multimaster_roots.plan(files, their_files)
+    diff["dir_mode"] = [
+        directory
+        for directory, _ in multimaster_roots.dir_plan(modes, their_modes)
+        if directory in their_modes
+    ]
+    named = {"missing": "add", "changed": "change", "mode": "mode", "extra": "delete"}
+    named["dir_mode"] = "dir_mode"
+    return {k: diff[v][:SHOWN] for k, v in named.items() if diff[v]}
 
 
 def _keys_differ(section, timeout):
