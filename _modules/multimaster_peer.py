@@ -738,23 +738,12 @@ def _roots_of(mopts, kind):
 def _manifests(mopts, kinds):
     """
     ``(roots, files, modes)`` of this master's ``kinds``: per kind, env and position the root's
-    path, digest, file count and skipped entries; and the file manifests and directory modes in
-    the same shape.
+    path, digest, file count and skipped entries (``_summary``); and the file manifests and
+    directory modes in the same shape.
     """
     found = multimaster_roots.manifests(mopts, kinds)
     roots = {
-        kind: {
-            env: [
-                {
-                    "path": r["path"],
-                    "digest": r["digest"],
-                    "count": len(r["files"]),
-                    "skipped": dict(list(r["skipped"].items())[:SAMPLE]),
-                }
-                for r in rs
-            ]
-            for env, rs in envs.items()
-        }
+        kind: {env: [_summary(kind, r) for r in rs] for env, rs in envs.items()}
         for kind, envs in found.items()
     }
     files, modes = (
@@ -765,6 +754,23 @@ def _manifests(mopts, kinds):
         for part in ("files", "dirs")
     )
     return roots, files, modes
+
+
+def _summary(kind, root):
+    """
+    What a return may say of one root's manifest: its path, digest, file count and how many
+    entries were skipped, with a sample of those (path and why) for ``file_roots`` only: the
+    names of pillar files are for sealed manifests.
+    """
+    summary = {
+        "path": root["path"],
+        "digest": root["digest"],
+        "count": len(root["files"]),
+        "skipped_count": len(root["skipped"]),
+    }
+    if kind != "pillar_roots":
+        summary["skipped"] = dict(list(root["skipped"].items())[:SAMPLE])
+    return summary
 
 
 def _narrowed(files, modes, dirs):
@@ -800,7 +806,8 @@ def _narrowed(files, modes, dirs):
 def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None, unless=None, dirs=None):
     """
     The roots of this host's master (``file_roots``/``pillar_roots`` of its own config): per
-    kind, per environment, per position ``{"path", "digest", "count", "skipped"}``, and every
+    kind, per environment, per position ``{"path", "digest", "count", "skipped_count"}`` (and
+    ``skipped``, a sample, for ``file_roots``), and every
     root's real path (``real``, both kinds: how they overlap). With ``full`` the file
     manifests and directory modes too, sealed to the master that asked (names and hashes of
     pillar files are not for the job cache) and bound to its ``nonce``. Always returns a fresh
@@ -864,9 +871,22 @@ def _paired_root(mopts, pair):
     return paths[index]
 
 
-def _write_all(reader, root, entries, report):
+def _failure(root, pair, what, exc):
+    """
+    One line of the apply report: the root, and for ``file_roots`` ``what`` failed (a quoted
+    path, or what the step was) and the error; for ``pillar_roots`` only why, without a path
+    (the names of pillar files never leave the sealed manifests and plan: a return lands in
+    job caches).
+    """
+    if pair.get("kind") == "pillar_roots":
+        reason = getattr(exc, "reason", None) or exc.strerror or "refused"
+        return f"{root}: a pillar file or directory: {reason}"
+    return f"{root}: {what}: {exc}"
+
+
+def _write_all(reader, root, pair, report):
     synced_dirs = set()
-    for entry in entries:
+    for entry in pair.get("write") or []:
         blocks = reader.blocks(entry["size"])
         try:
             multimaster_roots.write_file(
@@ -875,14 +895,14 @@ def _write_all(reader, root, entries, report):
             report["written"] += 1
             report["bytes"] += entry["size"]
         except OSError as exc:
-            report["failed"].append(f"{root}: {entry['path']!r}: {exc}")
+            report["failed"].append(_failure(root, pair, repr(entry["path"]), exc))
         # Keep the stream aligned: what a refused write did not read belongs to this file.
         for _ in blocks:
             pass
     try:
         multimaster_roots.sync_dirs(root, synced_dirs)
     except OSError as exc:
-        report["failed"].append(f"{root}: {exc}")
+        report["failed"].append(_failure(root, pair, "syncing the directories written", exc))
 
 
 def _set_dir_modes(root, pair, report):
@@ -894,14 +914,14 @@ def _set_dir_modes(root, pair, report):
         try:
             report["dir_modes"] += multimaster_roots.set_dir_mode(root, directory, mode)
         except OSError as exc:
-            report["failed"].append(f"{root}: {directory!r}: {exc}")
+            report["failed"].append(_failure(root, pair, repr(directory), exc))
 
 
-def _clear_temps(root, report):
+def _clear_temps(root, pair, report):
     try:
         multimaster_roots.clear_temps(root)
     except OSError as exc:
-        report["failed"].append(f"{root}: leftover temporary files: {exc}")
+        report["failed"].append(_failure(root, pair, "leftover temporary files", exc))
 
 
 def _clear_file_list_cache(mopts):
@@ -960,16 +980,16 @@ def apply_roots(plan):
         # Deletions first: a file the primary turned into a directory (or the reverse) is out
         # of the way before its replacement is written.
         for root, pair in resolved:
-            _clear_temps(root, report)
+            _clear_temps(root, pair, report)
             for path in pair.get("delete") or []:
                 try:
                     multimaster_roots.delete_file(root, path)
                     report["deleted"] += 1
                 except OSError as exc:
-                    report["failed"].append(f"{root}: {path!r}: {exc}")
+                    report["failed"].append(_failure(root, pair, repr(path), exc))
             _set_dir_modes(root, pair, report)
         for root, pair in resolved:
-            _write_all(reader, root, pair.get("write") or [], report)
+            _write_all(reader, root, pair, report)
         for root, pair in resolved:
             _set_dir_modes(root, pair, report)
             for path, mode in pair.get("mode") or []:
@@ -977,7 +997,7 @@ def apply_roots(plan):
                     multimaster_roots.set_mode(root, path, mode)
                     report["modes"] += 1
                 except OSError as exc:
-                    report["failed"].append(f"{root}: {path!r}: {exc}")
+                    report["failed"].append(_failure(root, pair, repr(path), exc))
         if reader.read(1):
             report["failed"].append("the content stream is longer than the plan")
     _clear_file_list_cache(mopts)

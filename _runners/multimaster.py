@@ -1369,26 +1369,48 @@ def _roots_plan(local, files, modes, partial=None):
     return pairs, members
 
 
+# What a roots report lists per change (the paths, or how many of them for pillar_roots).
+_LISTED = ("added", "changed", "modes", "dir_modes", "deleted")
+
+
 def _roots_report(pairs, local):
-    report = {"added": [], "changed": [], "modes": [], "deleted": [], "skipped": {}, "bytes": 0}
-    report["dir_modes"] = []
+    """
+    What ``pairs`` do: per change how many paths and, for ``file_roots``, which (the names of
+    pillar files never leave the sealed manifests and plan: a runner's return lands in the job
+    cache); the bytes to move.
+    """
+    counts = dict.fromkeys((*_LISTED, "skipped"), 0)
+    shown = {key: [] for key in counts}
     for pair in pairs:
-        root = local[pair["kind"]][pair["env"]][pair["index"]]
-        added = set(pair["added"])
-        for w in pair["write"]:
-            (report["added"] if w["path"] in added else report["changed"]).append(
-                f"{root['path']}/{w['path']}"
-            )
-            report["bytes"] += w["size"]
-        report["modes"] += [f"{root['path']}/{p}" for p, _ in pair["mode"]]
-        report["dir_modes"] += [os.path.normpath(f"{root['path']}/{d}") for d, _ in pair["dirs"]]
-        report["deleted"] += [f"{root['path']}/{p}" for p in pair["delete"]]
-        report["skipped"].update({f"{root['path']}/{p}": r for p, r in root["skipped"].items()})
-    listed = ("added", "changed", "modes", "dir_modes", "deleted")
-    counts = {key: len(report[key]) for key in (*listed, "skipped")}
-    shown = {key: sorted(report[key])[:SHOWN] for key in listed}
-    shown["skipped"] = dict(sorted(report["skipped"].items())[:SHOWN])
-    return {"counts": counts, "bytes": report["bytes"], **shown}
+        changes = _pair_changes(pair, local[pair["kind"]][pair["env"]][pair["index"]])
+        for key, paths in changes.items():
+            counts[key] += len(paths)
+            if pair["kind"] != "pillar_roots":
+                shown[key] += paths
+    report = {key: sorted(paths)[:SHOWN] for key, paths in shown.items()}
+    report["skipped"] = dict(report["skipped"])
+    size = sum(w["size"] for pair in pairs for w in pair["write"])
+    return {"counts": counts, "bytes": size, **report}
+
+
+def _pair_changes(pair, root):
+    """
+    ``{change: [path, ...]}`` of one paired root's plan (``skipped``: ``[(path, why), ...]`` of
+    what the primary's root holds that is never copied), each path under the primary's root.
+    """
+
+    def under(relpath):
+        return os.path.normpath(f"{root['path']}/{relpath}")
+
+    added = set(pair["added"])
+    return {
+        "added": [under(w["path"]) for w in pair["write"] if w["path"] in added],
+        "changed": [under(w["path"]) for w in pair["write"] if w["path"] not in added],
+        "modes": [under(path) for path, _ in pair["mode"]],
+        "dir_modes": [under(directory) for directory, _ in pair["dirs"]],
+        "deleted": [under(path) for path in pair["delete"]],
+        "skipped": [(under(path), why) for path, why in root["skipped"].items()],
+    }
 
 
 def _deliver_roots(section, master, pairs, members, binding):
@@ -1589,8 +1611,8 @@ def _roots_status(section, reports, timeout):
 def _roots_paths_differ(section, reachable, slots, timeout):
     """
     Per differing root, per master: the paths missing, changed, re-moded or extra and the
-    directories of another mode compared with the first reachable master (manifests sealed to
-    this master, as ``sync_roots`` reads them).
+    directories of another mode (how many of each for ``pillar_roots``) compared with the first
+    reachable master (manifests sealed to this master, as ``sync_roots`` reads them).
     """
     nonce = os.urandom(32).hex()
     kinds = sorted({kind for kind, _, _ in slots})
@@ -1624,14 +1646,15 @@ def _roots_paths_differ(section, reachable, slots, timeout):
             except (KeyError, IndexError):
                 out[name][master] = f"{master} has no such root"
                 continue
-            out[name][master] = _differences(*source, *target)
+            out[name][master] = _differences(*source, *target, named=kind != "pillar_roots")
     return out
 
 
-def _differences(files, modes, their_files, their_modes):
+def _differences(files, modes, their_files, their_modes, named=True):
     """
     What a root holds unlike the reference's ``files`` and directory ``modes``: the paths
     missing, changed, re-moded or extra, the directories of another mode; each only when any.
+    Not ``named`` (``pillar_roots``: their names are for sealed manifests only): how many.
     """
     diff = multimaster_roots.plan(files, their_files)
     diff["dir_mode"] = [
@@ -1639,9 +1662,9 @@ def _differences(files, modes, their_files, their_modes):
         for directory, _ in multimaster_roots.dir_plan(modes, their_modes)
         if directory in their_modes
     ]
-    named = {"missing": "add", "changed": "change", "mode": "mode", "extra": "delete"}
-    named["dir_mode"] = "dir_mode"
-    return {k: diff[v][:SHOWN] for k, v in named.items() if diff[v]}
+    keys = {"missing": "add", "changed": "change", "mode": "mode", "extra": "delete"}
+    keys["dir_mode"] = "dir_mode"
+    return {k: diff[v][:SHOWN] if named else len(diff[v]) for k, v in keys.items() if diff[v]}
 
 
 def _keys_differ(section, timeout):

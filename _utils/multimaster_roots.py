@@ -40,16 +40,14 @@ _RACY_NS = 2 * 10**9
 class RootsError(OSError):
     """
     A path would leave its root, cross a symlink, or is not a safe name; nothing was written.
+    The message names the path; ``reason`` says why without it (a pillar file's name is as
+    secret as its content), ``errno`` is that of the failure behind it, if any.
     """
 
-
-def _error(message, errno_=None):
-    """
-    A ``RootsError`` saying ``message``, with the ``errno`` of the failure behind it.
-    """
-    error = RootsError(message)
-    error.errno = errno_
-    return error
+    def __init__(self, path, reason, errno_=None):
+        super().__init__(f"{path!r}: {reason}")
+        self.reason = reason
+        self.errno = errno_
 
 
 def _unsafe_name(name):
@@ -96,12 +94,12 @@ def check_relpath(relpath):
         A path relative to a root, ``/``-separated (no ``..``, no leading ``/``).
     """
     if not isinstance(relpath, str) or not relpath or relpath.startswith("/"):
-        raise RootsError(f"{relpath!r}: not a relative path")
+        raise RootsError(relpath, "not a relative path")
     parts = relpath.split("/")
     for part in parts:
         reason = _unsafe_name(part)
         if reason:
-            raise RootsError(f"{relpath!r}: {reason}")
+            raise RootsError(relpath, reason)
     return parts
 
 
@@ -129,9 +127,9 @@ def open_regular(name, dir_fd=None, expect=None):
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise RootsError(f"{name!r}: not a regular file")
+            raise RootsError(name, "not a regular file")
         if expect is not None and (info.st_dev, info.st_ino) != (expect.st_dev, expect.st_ino):
-            raise RootsError(f"{name!r}: replaced while it was read")
+            raise RootsError(name, "replaced while it was read")
     except BaseException:
         os.close(fd)
         raise
@@ -721,8 +719,8 @@ def _open_dir(root, parts, create):
             try:
                 child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as exc:
-                raise _error(
-                    f"{'/'.join(parts)}: not a plain directory ({exc.strerror})", exc.errno
+                raise RootsError(
+                    "/".join(parts), f"not a plain directory ({exc.strerror})", exc.errno
                 ) from None
             os.close(fd)
             fd = child
@@ -774,7 +772,7 @@ def write_file(root, relpath, blocks, mode, expect_sha256=None, synced_dirs=None
                 os.fchmod(handle.fileno(), mode & 0o777)
                 os.fsync(handle.fileno())
             if expect_sha256 is not None and digest_.hexdigest() != expect_sha256:
-                raise RootsError(f"{relpath!r}: content changed during the sync; run it again")
+                raise RootsError(relpath, "content changed during the sync; run it again")
             os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             try:
@@ -867,7 +865,7 @@ def set_mode(root, relpath, mode):
             # A hard link put there could be a file outside the root (/etc/shadow): never
             # change a mode another name shares.
             if os.fstat(fd).st_nlink != 1:
-                raise RootsError(f"{relpath!r}: has other hard links; mode left as it is")
+                raise RootsError(relpath, "has other hard links; mode left as it is")
             os.fchmod(fd, mode & 0o777)
         finally:
             os.close(fd)

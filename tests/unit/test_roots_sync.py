@@ -6,6 +6,7 @@ from the primary's outbox) are stand-ins; every tree is real, under tmp.
 """
 
 import contextlib
+import json
 import os
 import stat
 
@@ -63,6 +64,15 @@ class Host:
         self.peer.__salt__ = {"publish.runner": lambda *a, **k: {"error": "no peer_run here"}}
         self.peer._mopts = lambda: (dict(self.entry), self.opts)
         self.sender = primary_opts or self.opts
+        self.returns = []
+
+    def call(self, fun, kwarg):
+        """
+        What the control minion returns for ``multimaster_peer.<fun>``, recorded.
+        """
+        ret = getattr(self.peer, fun.rpartition(".")[2])(**(kwarg or {}))
+        self.returns.append(ret)
+        return ret
 
     def serve(self, ticket, offset):
         """
@@ -89,13 +99,7 @@ def hosts(tmp_path, monkeypatch):
         monkeypatch.setattr(host.peer._ContentPull, "_fileserver_pull", host.serve)
 
     def cmd_returns(client, minions, fun, kwarg=None, timeout=None):
-        return {
-            m: {
-                "ret": getattr(by_minion[m].peer, fun.rpartition(".")[2])(**(kwarg or {})),
-                "retcode": 0,
-            }
-            for m in minions
-        }
+        return {m: {"ret": by_minion[m].call(fun, kwarg), "retcode": 0} for m in minions}
 
     monkeypatch.setattr(runner.multimaster_returns, "cmd_returns", cmd_returns)
     monkeypatch.setattr(
@@ -192,3 +196,67 @@ def test_file_root_directories_get_the_primary_s_modes(hosts):
     assert ret["masters"]["m2"]["changes"]["dir_modes"] == [str(primary.salt / "web")], ret
     assert mode_of(peer.salt / "web") == 0o750
     assert runner.sync_roots(roots="file")["masters"]["m2"] == {"result": True, "changed": False}
+
+
+SECRET = "secret-customer-name"
+
+
+def named_pillar(primary, peer, tmp_path):
+    """
+    Pillar whose every kind of entry carries a name that is itself a secret: a file, a
+    directory, a symlink (skipped), a stale file on the peer (deleted), a file of another mode
+    and a directory of another mode there, and a symlinked directory there (its write fails).
+    """
+    for root in (primary.pillar, peer.pillar):
+        (root / f"{SECRET}-dir").mkdir(parents=True)
+        (root / f"{SECRET}-mode.sls").write_text("same\n")
+    (primary.pillar / f"{SECRET}.sls").write_text("customer: acme\n")
+    (primary.pillar / f"{SECRET}-dir" / "init.sls").write_text("x: 1\n")
+    (primary.pillar / f"{SECRET}-link.sls").symlink_to(primary.pillar / f"{SECRET}.sls")
+    (primary.pillar / f"{SECRET}-linked").mkdir()
+    (primary.pillar / f"{SECRET}-linked" / "init.sls").write_text("y: 1\n")
+    (peer.pillar / f"{SECRET}-dir" / "init.sls").write_text("x: 1\n")
+    (peer.pillar / f"{SECRET}-dir").chmod(0o777)
+    (peer.pillar / f"{SECRET}-mode.sls").chmod(0o666)
+    (peer.pillar / f"{SECRET}-stale.sls").write_text("old\n")
+    (tmp_path / "elsewhere").mkdir()
+    (peer.pillar / f"{SECRET}-linked").symlink_to(tmp_path / "elsewhere")
+
+
+def leaked(*documents):
+    return SECRET in json.dumps(documents, default=str)
+
+
+def test_pillar_file_names_are_in_no_runner_or_peer_return(hosts, tmp_path):
+    runner, primary, peer = hosts
+    named_pillar(primary, peer, tmp_path)
+    dry = runner.sync_roots(roots="pillar", test=True)
+    assert dry["masters"]["m2"]["planned"]["counts"]["added"] == 2, dry
+    synced = runner.sync_roots(roots="pillar")
+    # The write below the peer's symlinked directory fails: reported, without its name.
+    [failed, *_] = synced["masters"]["m2"]["failed"]
+    assert synced["retcode"] == 1 and "not a plain directory" in failed, synced
+    assert (peer.pillar / f"{SECRET}.sls").read_text() == "customer: acme\n"
+    assert not leaked(dry, synced, primary.returns, peer.returns)
+
+
+def test_status_names_no_pillar_file_of_a_differing_root(hosts, tmp_path, monkeypatch):
+    runner, primary, peer = hosts
+    named_pillar(primary, peer, tmp_path)
+    for host in (primary, peer):
+        binding = {"challenge": "c" * 64, "target": host.entry["id"], "config_dir": "/etc/salt"}
+        keys = {"alive": True, "digest": "0" * 64, "buckets": {}, "count": 0, "repair": False}
+        monkeypatch.setattr(
+            host.peer, "key_inventory", lambda b=binding, k=keys: dict(k, binding=b)
+        )
+        monkeypatch.setattr(
+            host.peer,
+            "master_key_info",
+            lambda signing=False, b=binding: {"pub": None, "binding": b},
+        )
+        monkeypatch.setattr(host.peer, "_store_problems", lambda signing: [])
+        monkeypatch.setattr(host.peer, "ping_minions", lambda timeout=5: [])
+    ret = runner.status()
+    assert ret["roots_equal"] is False and "pillar_roots base 0" in ret["roots_differ"], ret
+    assert ret["roots_differ"]["pillar_roots base 0"]["m2"], ret
+    assert not leaked(ret, primary.returns, peer.returns)
