@@ -737,43 +737,55 @@ def _roots_of(mopts, kind):
 
 def _manifests(mopts, kinds):
     """
-    ``(roots, files)`` of this master's ``kinds``: per kind, env and position the root's path,
-    digest, file count and skipped entries; and the file manifests in the same shape.
+    ``(roots, files, modes)`` of this master's ``kinds``: per kind, env and position the root's
+    path, digest, file count and skipped entries (``_summary``); and the file manifests and
+    directory modes in the same shape.
     """
     found = multimaster_roots.manifests(mopts, kinds)
     roots = {
-        kind: {
-            env: [
-                {
-                    "path": r["path"],
-                    "digest": r["digest"],
-                    "count": len(r["files"]),
-                    "skipped": dict(list(r["skipped"].items())[:SAMPLE]),
-                }
-                for r in rs
-            ]
-            for env, rs in envs.items()
+        kind: {env: [_summary(kind, r) for r in rs] for env, rs in envs.items()}
+        for kind, envs in found.items()
+    }
+    files, modes = (
+        {
+            kind: {env: [r[part] for r in rs] for env, rs in envs.items()}
+            for kind, envs in found.items()
         }
-        for kind, envs in found.items()
-    }
-    files = {
-        kind: {env: [r["files"] for r in rs] for env, rs in envs.items()}
-        for kind, envs in found.items()
-    }
-    return roots, files
+        for part in ("files", "dirs")
+    )
+    return roots, files, modes
 
 
-def _narrowed(files, dirs):
+def _summary(kind, root):
     """
-    ``(files, partial)`` in the shape of ``files``: each root's manifest cut down to the
-    directories whose digests differ from the primary's ``dirs`` (the directories themselves
-    in ``partial``), or whole (``None`` in ``partial``) where ``dirs`` says nothing usable.
+    What a return may say of one root's manifest: its path, digest, file count and how many
+    entries were skipped, with a sample of those (path and why) for ``file_roots`` only: the
+    names of pillar files are for sealed manifests.
     """
-    narrowed, partial = {}, {}
+    summary = {
+        "path": root["path"],
+        "digest": root["digest"],
+        "count": len(root["files"]),
+        "skipped_count": len(root["skipped"]),
+    }
+    if kind != "pillar_roots":
+        summary["skipped"] = dict(list(root["skipped"].items())[:SAMPLE])
+    return summary
+
+
+def _narrowed(files, modes, dirs):
+    """
+    ``(files, modes, partial)`` in the shape of ``files``: each root's manifest and directory
+    modes cut down to the directories whose digests differ from the primary's ``dirs`` (the
+    directories themselves in ``partial``), or whole (``None`` in ``partial``) where ``dirs``
+    says nothing usable.
+    """
+    narrowed, cut_modes, partial = {}, {}, {}
     for kind, envs in files.items():
         for env, roots in envs.items():
             theirs = dirs.get(kind, {}).get(env) if isinstance(dirs, dict) else None
             for index, manifest in enumerate(roots):
+                mine = modes[kind][env][index]
                 digests = (
                     theirs[index] if isinstance(theirs, list) and index < len(theirs) else None
                 )
@@ -782,20 +794,23 @@ def _narrowed(files, dirs):
                 ):
                     cut, where = manifest, None
                 else:
-                    where = multimaster_roots.differing_dirs(manifest, digests)
+                    where = multimaster_roots.differing_dirs(manifest, digests, mine)
                     cut = multimaster_roots.within(manifest, where)
+                    mine = multimaster_roots.modes_within(mine, where)
                 narrowed.setdefault(kind, {}).setdefault(env, []).append(cut)
+                cut_modes.setdefault(kind, {}).setdefault(env, []).append(mine)
                 partial.setdefault(kind, {}).setdefault(env, []).append(where)
-    return narrowed, partial
+    return narrowed, cut_modes, partial
 
 
 def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None, unless=None, dirs=None):
     """
     The roots of this host's master (``file_roots``/``pillar_roots`` of its own config): per
-    kind, per environment, per position ``{"path", "digest", "count", "skipped"}``, and every
-    root's real path (``real``, both kinds: how they overlap). With
-    ``full`` the file manifests too, sealed to the master that asked (names and hashes of pillar
-    files are not for the job cache) and bound to its ``nonce``. Always returns a fresh
+    kind, per environment, per position ``{"path", "digest", "count", "skipped_count"}`` (and
+    ``skipped``, a sample, for ``file_roots``), and every
+    root's real path (``real``, both kinds: how they overlap). With ``full`` the file
+    manifests and directory modes too, sealed to the master that asked (names and hashes of
+    pillar files are not for the job cache) and bound to its ``nonce``. Always returns a fresh
     ``binding`` challenge for the ``apply_roots`` order that may follow.
 
     kinds
@@ -824,7 +839,7 @@ def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None, unless=None, dirs=N
         salt-run multimaster.sync_roots test=True   # the runner calls this
     """
     master, mopts = _mopts()
-    roots, files = _manifests(mopts, [kind for kind in kinds if kind in ROOT_KINDS])
+    roots, files, modes = _manifests(mopts, [kind for kind in kinds if kind in ROOT_KINDS])
     ret = {
         "roots": roots,
         "real": multimaster_roots.real_layout(mopts),
@@ -833,9 +848,9 @@ def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None, unless=None, dirs=N
     mine, theirs = multimaster_roots.digests(roots), unless if isinstance(unless, dict) else {}
     differing = {kind: envs for kind, envs in files.items() if mine[kind] != theirs.get(kind)}
     if full and differing:
-        files, partial = _narrowed(differing, dirs)
+        files, modes, partial = _narrowed(differing, modes, dirs)
         ret["sealed"] = multimaster_seal.seal(
-            {"files": files, "dirs": partial},
+            {"files": files, "dir_modes": modes, "dirs": partial},
             "roots_manifest",
             master["id"],
             _read_own("minion_master.pub"),
@@ -856,9 +871,22 @@ def _paired_root(mopts, pair):
     return paths[index]
 
 
-def _write_all(reader, root, entries, report):
+def _failure(root, pair, what, exc):
+    """
+    One line of the apply report: the root, and for ``file_roots`` ``what`` failed (a quoted
+    path, or what the step was) and the error; for ``pillar_roots`` only why, without a path
+    (the names of pillar files never leave the sealed manifests and plan: a return lands in
+    job caches).
+    """
+    if pair.get("kind") == "pillar_roots":
+        reason = getattr(exc, "reason", None) or exc.strerror or "refused"
+        return f"{root}: a pillar file or directory: {reason}"
+    return f"{root}: {what}: {exc}"
+
+
+def _write_all(reader, root, pair, report):
     synced_dirs = set()
-    for entry in entries:
+    for entry in pair.get("write") or []:
         blocks = reader.blocks(entry["size"])
         try:
             multimaster_roots.write_file(
@@ -867,21 +895,33 @@ def _write_all(reader, root, entries, report):
             report["written"] += 1
             report["bytes"] += entry["size"]
         except OSError as exc:
-            report["failed"].append(f"{root}: {entry['path']!r}: {exc}")
+            report["failed"].append(_failure(root, pair, repr(entry["path"]), exc))
         # Keep the stream aligned: what a refused write did not read belongs to this file.
         for _ in blocks:
             pass
     try:
         multimaster_roots.sync_dirs(root, synced_dirs)
     except OSError as exc:
-        report["failed"].append(f"{root}: {exc}")
+        report["failed"].append(_failure(root, pair, "syncing the directories written", exc))
 
 
-def _clear_temps(root, report):
+def _set_dir_modes(root, pair, report):
+    """
+    Give the directories of ``pair`` their planned modes (those that exist: the writes make
+    the others, private until the next call).
+    """
+    for directory, mode in pair.get("dirs") or []:
+        try:
+            report["dir_modes"] += multimaster_roots.set_dir_mode(root, directory, mode)
+        except OSError as exc:
+            report["failed"].append(_failure(root, pair, repr(directory), exc))
+
+
+def _clear_temps(root, pair, report):
     try:
         multimaster_roots.clear_temps(root)
     except OSError as exc:
-        report["failed"].append(f"{root}: leftover temporary files: {exc}")
+        report["failed"].append(_failure(root, pair, "leftover temporary files", exc))
 
 
 def _clear_file_list_cache(mopts):
@@ -900,10 +940,11 @@ def apply_roots(plan):
     minion by the ``sync_roots`` runner, signed by its master, bound to a challenge from
     ``roots_manifest``), pull the content stream it names (encrypted with the plan's key; from
     the primary's file server, else by ``peer_run``): delete what the primary no longer has
-    (and temporary files an interrupted sync left), write each file atomically into the paired
-    root of this master's own config, then set modes. Holds this master's roots lock
-    throughout. Returns counts, bytes, the path the
-    content came by (``via``) and per-file failures; never the content.
+    (and temporary files an interrupted sync left), give existing directories their modes (a
+    directory wider than the primary's is narrowed before any file goes in), write each file
+    atomically into the paired root of this master's own config (a directory it makes is 0700
+    until then), then set modes. Holds this master's roots lock throughout. Returns counts,
+    bytes, the path the content came by (``via``) and per-file failures; never the content.
 
     plan
         The descriptor of the sealed plan (``{"ticket", "size", "sha256"}``).
@@ -929,7 +970,7 @@ def apply_roots(plan):
     pairs = body.get("pairs") or []
     resolved = [(_paired_root(mopts, pair), pair) for pair in pairs]
     key = bytes.fromhex(body["key"])
-    report = {"written": 0, "bytes": 0, "modes": 0, "deleted": 0, "failed": []}
+    report = {"written": 0, "bytes": 0, "modes": 0, "dir_modes": 0, "deleted": 0, "failed": []}
     pull = _ContentPull()
     stream = multimaster_transport.chunks(
         multimaster_transport.check_descriptor(body.get("content")), pull, key
@@ -939,22 +980,24 @@ def apply_roots(plan):
         # Deletions first: a file the primary turned into a directory (or the reverse) is out
         # of the way before its replacement is written.
         for root, pair in resolved:
-            _clear_temps(root, report)
+            _clear_temps(root, pair, report)
             for path in pair.get("delete") or []:
                 try:
                     multimaster_roots.delete_file(root, path)
                     report["deleted"] += 1
                 except OSError as exc:
-                    report["failed"].append(f"{root}: {path!r}: {exc}")
+                    report["failed"].append(_failure(root, pair, repr(path), exc))
+            _set_dir_modes(root, pair, report)
         for root, pair in resolved:
-            _write_all(reader, root, pair.get("write") or [], report)
+            _write_all(reader, root, pair, report)
         for root, pair in resolved:
+            _set_dir_modes(root, pair, report)
             for path, mode in pair.get("mode") or []:
                 try:
                     multimaster_roots.set_mode(root, path, mode)
                     report["modes"] += 1
                 except OSError as exc:
-                    report["failed"].append(f"{root}: {path!r}: {exc}")
+                    report["failed"].append(_failure(root, pair, repr(path), exc))
         if reader.read(1):
             report["failed"].append("the content stream is longer than the plan")
     _clear_file_list_cache(mopts)

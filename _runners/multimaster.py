@@ -1343,12 +1343,28 @@ def _dir_digests(local):
     """
     dirs = {
         kind: {
-            env: [multimaster_roots.dir_digests(r["files"]) for r in rs] for env, rs in envs.items()
+            env: [multimaster_roots.dir_digests(r["files"], r["dirs"]) for r in rs]
+            for env, rs in envs.items()
         }
         for kind, envs in _published(local).items()
     }
     size = len(salt.utils.json.dumps(dirs))
     return dirs if size <= multimaster_roots.DIR_DIGESTS_LIMIT else None
+
+
+def _per_root(value, files, what, valid):
+    """
+    ``value`` (``{kind: {env: [item, ...]}}`` from a peer's sealed manifest), checked to have
+    the shape of ``files`` and each item to pass ``valid``; ``Refused`` names ``what``.
+    """
+    for kind, envs in files.items():
+        for env, roots in envs.items():
+            given = value.get(kind, {}).get(env) if isinstance(value, dict) else None
+            if not isinstance(given, list) or len(given) != len(roots):
+                raise Refused(f"the {what} of {kind} {env} do not match the manifests")
+            if not all(valid(item) for item in given):
+                raise Refused(f"malformed {what} in {kind} {env}")
+    return value
 
 
 def _partial_check(partial, files):
@@ -1358,24 +1374,40 @@ def _partial_check(partial, files):
     """
     if partial is None:
         return None
-    for kind, envs in files.items():
-        for env, roots in envs.items():
-            given = partial.get(kind, {}).get(env) if isinstance(partial, dict) else None
-            if not isinstance(given, list) or len(given) != len(roots):
-                raise Refused(f"the directories of {kind} {env} do not match the manifests")
-            for where in given:
-                if where is not None and not (
-                    isinstance(where, list) and all(isinstance(d, str) for d in where)
-                ):
-                    raise Refused(f"malformed directory list in {kind} {env}")
-    return partial
+    return _per_root(
+        partial,
+        files,
+        "directory lists",
+        lambda where: (
+            where is None or (isinstance(where, list) and all(isinstance(d, str) for d in where))
+        ),
+    )
+
+
+def _modes_check(modes, files):
+    """
+    The peer's directory modes (``{kind: {env: [{dir: mode}, ...]}}``), checked to have the
+    shape of ``files`` and to hold permission bits.
+    """
+    return _per_root(
+        modes,
+        files,
+        "directory modes",
+        lambda root: (
+            isinstance(root, dict)
+            and all(
+                isinstance(d, str) and type(m) is int and 0 <= m <= 0o777 for d, m in root.items()
+            )
+        ),
+    )
 
 
 def _opened_manifest(section, master, answer, nonce):
     """
-    ``(files, partial)``: the peer's file manifests, unsealed with this master's key and
-    checked to be signed by the peer's control minion (its key accepted here) and bound to
-    this run; and per root the directories a manifest covers (``None``: the whole root).
+    ``(files, modes, partial)``: the peer's file manifests and directory modes, unsealed with
+    this master's key and checked to be signed by the peer's control minion (its key accepted
+    here) and bound to this run; and per root the directories a manifest covers (``None``: the
+    whole root).
     """
     entry = _by_id(section)[master]
     problem = _recipient_problem(entry, {})
@@ -1390,7 +1422,12 @@ def _opened_manifest(section, master, answer, nonce):
         _expected_binding(master, entry),
         _Nonce(nonce),
     )
-    return body["files"], _partial_check(body.get("dirs"), body["files"])
+    files = body["files"]
+    return (
+        files,
+        _modes_check(body.get("dir_modes"), files),
+        _partial_check(body.get("dirs"), files),
+    )
 
 
 def _expected_binding(master, entry):
@@ -1404,11 +1441,12 @@ def _expected_binding(master, entry):
     return expect
 
 
-def _roots_plan(local, files, partial=None):
+def _roots_plan(local, files, modes, partial=None):
     """
-    ``(pairs, members)``: per paired root what to write, re-mode and delete; the source files
-    of the content stream in order. Where ``partial`` names the directories a peer's manifest
-    covers, only those directories are compared (the others are equal).
+    ``(pairs, members)``: per paired root what to write, re-mode and delete, and the modes of
+    its directories; the source files of the content stream in order. ``modes`` are the peer's
+    directory modes. Where ``partial`` names the directories a peer's manifest covers, only
+    those directories are compared (the others are equal).
     """
     pairs, members = [], []
     # A kind the peer left out of its manifests has the primary's digests there: equal.
@@ -1417,10 +1455,13 @@ def _roots_plan(local, files, partial=None):
             for index, source in enumerate(rs):
                 target = files.get(kind, {}).get(env, [])[index]
                 where = (partial or {}).get(kind, {}).get(env, [None] * len(rs))[index]
-                mine = (
-                    source["files"]
+                mine, dirs = (
+                    (source["files"], source["dirs"])
                     if where is None
-                    else multimaster_roots.within(source["files"], where)
+                    else (
+                        multimaster_roots.within(source["files"], where),
+                        multimaster_roots.modes_within(source["dirs"], where),
+                    )
                 )
                 diff = multimaster_roots.plan(mine, target)
                 write = [
@@ -1436,28 +1477,54 @@ def _roots_plan(local, files, partial=None):
                         "added": diff["add"],
                         "mode": [[path, source["files"][path]["mode"]] for path in diff["mode"]],
                         "delete": diff["delete"],
+                        "dirs": multimaster_roots.dir_plan(dirs, modes[kind][env][index]),
                     }
                 )
     return pairs, members
 
 
+# What a roots report lists per change (the paths, or how many of them for pillar_roots).
+_LISTED = ("added", "changed", "modes", "dir_modes", "deleted")
+
+
 def _roots_report(pairs, local):
-    report = {"added": [], "changed": [], "modes": [], "deleted": [], "skipped": {}, "bytes": 0}
+    """
+    What ``pairs`` do: per change how many paths and, for ``file_roots``, which (the names of
+    pillar files never leave the sealed manifests and plan: a runner's return lands in the job
+    cache); the bytes to move.
+    """
+    counts = dict.fromkeys((*_LISTED, "skipped"), 0)
+    shown = {key: [] for key in counts}
     for pair in pairs:
-        root = local[pair["kind"]][pair["env"]][pair["index"]]
-        added = set(pair["added"])
-        for w in pair["write"]:
-            (report["added"] if w["path"] in added else report["changed"]).append(
-                f"{root['path']}/{w['path']}"
-            )
-            report["bytes"] += w["size"]
-        report["modes"] += [f"{root['path']}/{p}" for p, _ in pair["mode"]]
-        report["deleted"] += [f"{root['path']}/{p}" for p in pair["delete"]]
-        report["skipped"].update({f"{root['path']}/{p}": r for p, r in root["skipped"].items()})
-    counts = {key: len(report[key]) for key in ("added", "changed", "modes", "deleted", "skipped")}
-    shown = {key: sorted(report[key])[:SHOWN] for key in ("added", "changed", "modes", "deleted")}
-    shown["skipped"] = dict(sorted(report["skipped"].items())[:SHOWN])
-    return {"counts": counts, "bytes": report["bytes"], **shown}
+        changes = _pair_changes(pair, local[pair["kind"]][pair["env"]][pair["index"]])
+        for key, paths in changes.items():
+            counts[key] += len(paths)
+            if pair["kind"] != "pillar_roots":
+                shown[key] += paths
+    report = {key: sorted(paths)[:SHOWN] for key, paths in shown.items()}
+    report["skipped"] = dict(report["skipped"])
+    size = sum(w["size"] for pair in pairs for w in pair["write"])
+    return {"counts": counts, "bytes": size, **report}
+
+
+def _pair_changes(pair, root):
+    """
+    ``{change: [path, ...]}`` of one paired root's plan (``skipped``: ``[(path, why), ...]`` of
+    what the primary's root holds that is never copied), each path under the primary's root.
+    """
+
+    def under(relpath):
+        return os.path.normpath(f"{root['path']}/{relpath}")
+
+    added = set(pair["added"])
+    return {
+        "added": [under(w["path"]) for w in pair["write"] if w["path"] in added],
+        "changed": [under(w["path"]) for w in pair["write"] if w["path"] not in added],
+        "modes": [under(path) for path, _ in pair["mode"]],
+        "dir_modes": [under(directory) for directory, _ in pair["dirs"]],
+        "deleted": [under(path) for path in pair["delete"]],
+        "skipped": [(under(path), why) for path, why in root["skipped"].items()],
+    }
 
 
 def _deliver_roots(section, master, pairs, members, binding):
@@ -1571,8 +1638,8 @@ def _malformed_manifest(master):
 
 def _sync_one_root_set(section, master, local, answer, nonce, test, timeout):
     try:
-        files, partial = _opened_manifest(section, master, answer, nonce)
-        pairs, members = _roots_plan(local, files, partial)
+        files, modes, partial = _opened_manifest(section, master, answer, nonce)
+        pairs, members = _roots_plan(local, files, modes, partial)
     except (SaltInvocationError, multimaster_seal.SealError) as exc:
         return {"result": False, "error": f"manifest of {master}: {exc}"}
     except (KeyError, IndexError, TypeError):
@@ -1668,8 +1735,9 @@ def _roots_status(section, reports, timeout):
 
 def _roots_paths_differ(section, reachable, slots, timeout):
     """
-    Per differing root, per master: the paths missing, changed, re-moded or extra compared with
-    the first reachable master (manifests sealed to this master, as ``sync_roots`` reads them).
+    Per differing root, per master: the paths missing, changed, re-moded or extra and the
+    directories of another mode (how many of each for ``pillar_roots``) compared with the first
+    reachable master (manifests sealed to this master, as ``sync_roots`` reads them).
     """
     nonce = os.urandom(32).hex()
     kinds = sorted({kind for kind, _, _ in slots})
@@ -1685,7 +1753,7 @@ def _roots_paths_differ(section, reachable, slots, timeout):
     for master, answer in answers.items():
         try:
             # No directory digests were sent: whole manifests.
-            opened[master] = _opened_manifest(section, master, answer, nonce)[0]
+            opened[master] = _opened_manifest(section, master, answer, nonce)[:2]
         except (SaltInvocationError, multimaster_seal.SealError) as exc:
             errors[master] = f"manifest of {master}: {exc}"
         except (KeyError, IndexError, TypeError):
@@ -1700,15 +1768,30 @@ def _roots_paths_differ(section, reachable, slots, timeout):
                 out[name][master] = errors.get(master) or errors[reference]
                 continue
             try:
-                source = opened[reference][kind][env][index]
-                target = opened[master][kind][env][index]
+                source = [part[kind][env][index] for part in opened[reference]]
+                target = [part[kind][env][index] for part in opened[master]]
             except (KeyError, IndexError):
                 out[name][master] = f"{master} has no such root"
                 continue
-            diff = multimaster_roots.plan(source, target)
-            named = {"missing": "add", "changed": "change", "mode": "mode", "extra": "delete"}
-            out[name][master] = {k: diff[v][:SHOWN] for k, v in named.items() if diff[v]}
+            out[name][master] = _differences(*source, *target, named=kind != "pillar_roots")
     return out
+
+
+def _differences(files, modes, their_files, their_modes, named=True):
+    """
+    What a root holds unlike the reference's ``files`` and directory ``modes``: the paths
+    missing, changed, re-moded or extra, the directories of another mode; each only when any.
+    Not ``named`` (``pillar_roots``: their names are for sealed manifests only): how many.
+    """
+    diff = multimaster_roots.plan(files, their_files)
+    diff["dir_mode"] = [
+        directory
+        for directory, _ in multimaster_roots.dir_plan(modes, their_modes)
+        if directory in their_modes
+    ]
+    keys = {"missing": "add", "changed": "change", "mode": "mode", "extra": "delete"}
+    keys["dir_mode"] = "dir_mode"
+    return {k: diff[v][:SHOWN] if named else len(diff[v]) for k, v in keys.items() if diff[v]}
 
 
 def _keys_differ(section, timeout):

@@ -380,7 +380,8 @@ def schedule_restart(
 def restart_pending(pidfile):
     """
     Is a watcher from ``schedule_restart`` still waiting to restart (or restarting) the daemon
-    recorded in ``pidfile``?
+    recorded in ``pidfile``? Only a process of root or of this user, run by this interpreter,
+    counts (``_started_here``).
 
     pidfile
         The daemon's pidfile, as given to ``schedule_restart``.
@@ -391,9 +392,30 @@ def restart_pending(pidfile):
         if len(argv) != 3 or os.path.abspath(argv[1]) != me:
             continue
         with contextlib.suppress(ValueError, TypeError, AttributeError):
-            if json.loads(argv[2]).get("pidfile") == pidfile:
+            if json.loads(argv[2]).get("pidfile") == pidfile and _started_here(proc):
                 return True
     return False
+
+
+def _started_here(proc):
+    """
+    True when ``proc`` could be a watcher ``schedule_restart`` started: it runs as root or as
+    this process's user (the watcher inherits the user of the minion that spawns it) and on
+    this very interpreter. A command line is only a claim: any local user can run a process
+    whose argv looks like a watcher's and keep a master "restarting" for ever.
+    """
+    try:
+        uids, exe = proc.uids(), proc.exe()
+    except psutil.Error:
+        # Another user's process this one may not inspect: not one of ours.
+        return False
+    trusted = {0, os.geteuid()}
+    return (
+        uids.real in trusted
+        and uids.effective in trusted
+        and bool(exe)
+        and os.path.realpath(exe) == os.path.realpath(sys.executable)
+    )
 
 
 def _stop(proc, pidfile, timeout):

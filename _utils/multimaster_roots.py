@@ -2,7 +2,10 @@
 Roots trees (``file_roots``/``pillar_roots`` paths) as manifests, the difference between two,
 and writes confined to one root.
 
-A manifest maps each regular file's path relative to its root to ``{"size", "mode", "sha256"}``.
+A manifest maps each regular file's path relative to its root to ``{"size", "mode", "sha256"}``,
+and each directory that holds one (``""``: the root itself) to its permission bits: a peer's copy
+of a tree is never readable wider than the primary's. A directory a sync creates is made 0700 and
+given its mode once its files are in.
 Symlinks below a root are never followed on either side: one in a source tree is skipped and
 reported, and a scan, a read of a staged file and a write each walk the tree one directory at a
 time by fd with ``O_NOFOLLOW``, so a symlinked directory (to ``/etc`` or anywhere), even one
@@ -13,6 +16,7 @@ remove the directories they leave empty, never the root itself.
 """
 
 import contextlib
+import errno
 import fcntl
 import fnmatch
 import hashlib
@@ -36,7 +40,14 @@ _RACY_NS = 2 * 10**9
 class RootsError(OSError):
     """
     A path would leave its root, cross a symlink, or is not a safe name; nothing was written.
+    The message names the path; ``reason`` says why without it (a pillar file's name is as
+    secret as its content), ``errno`` is that of the failure behind it, if any.
     """
+
+    def __init__(self, path, reason, errno_=None):
+        super().__init__(f"{path!r}: {reason}")
+        self.reason = reason
+        self.errno = errno_
 
 
 def _unsafe_name(name):
@@ -83,12 +94,12 @@ def check_relpath(relpath):
         A path relative to a root, ``/``-separated (no ``..``, no leading ``/``).
     """
     if not isinstance(relpath, str) or not relpath or relpath.startswith("/"):
-        raise RootsError(f"{relpath!r}: not a relative path")
+        raise RootsError(relpath, "not a relative path")
     parts = relpath.split("/")
     for part in parts:
         reason = _unsafe_name(part)
         if reason:
-            raise RootsError(f"{relpath!r}: {reason}")
+            raise RootsError(relpath, reason)
     return parts
 
 
@@ -116,9 +127,9 @@ def open_regular(name, dir_fd=None, expect=None):
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise RootsError(f"{name!r}: not a regular file")
+            raise RootsError(name, "not a regular file")
         if expect is not None and (info.st_dev, info.st_ino) != (expect.st_dev, expect.st_ino):
-            raise RootsError(f"{name!r}: replaced while it was read")
+            raise RootsError(name, "replaced while it was read")
     except BaseException:
         os.close(fd)
         raise
@@ -236,7 +247,7 @@ def _cached_sha(cached, key):
     return sha if isinstance(sha, str) and _SHA256_HEX.fullmatch(sha) else None
 
 
-def manifest(root, ignored=None, cachedir=None):
+def manifest(root, ignored=None, cachedir=None, dirs=None):
     """
     ``(files, skipped)`` of the tree at ``root``: ``files`` maps relative paths to
     ``{"size", "mode", "sha256"}``; ``skipped`` maps relative paths to the reason (symlink,
@@ -252,14 +263,18 @@ def manifest(root, ignored=None, cachedir=None):
         The master's cachedir: a file whose device, inode, size, mtime and ctime are those it
         had when it was last hashed there is not read again (``ctime`` cannot be set back, so
         content rewritten with its old size and mtime is hashed again).
+
+    dirs
+        A dict to fill with the permission bits of each directory that holds a listed file,
+        below it or directly, the root (``""``) included (empty directories are not synced).
     """
-    files, skipped = {}, {}
+    files, skipped, modes = {}, {}, {}
     if not os.path.isdir(root):
         return files, skipped
     cache_path = _hash_cache_path(cachedir, root) if cachedir else None
     known = _load_hashes(cache_path) if cache_path else {}
     fresh, trusted_before = {}, time.time_ns() - _RACY_NS
-    for rel, entry, dfd in _walk(root, skipped, ignored):
+    for rel, entry, dfd in _walk(root, skipped, ignored, dirs=modes):
         info = entry.stat(follow_symlinks=False)
         key = _stat_key(info)
         sha = _cached_sha(known.get(rel), key)
@@ -278,23 +293,41 @@ def manifest(root, ignored=None, cachedir=None):
         }
     if cache_path and fresh != known:
         _save_hashes(cache_path, fresh)
+    if dirs is not None:
+        dirs.update(_holding(files, modes))
     return files, skipped
 
 
-def _walk(root, skipped, ignored=None, temps=None):
+def _holding(files, modes):
+    """
+    The entries of ``modes`` (``{directory: mode}``) for the directories that hold one of
+    ``files``, the root (``""``) among them unless the tree is empty: an empty root is no more
+    synced than an empty directory, and equals a missing one.
+    """
+    wanted = set()
+    for relpath in files:
+        parts = relpath.split("/")[:-1]
+        wanted.update("/".join(parts[:depth]) for depth in range(len(parts) + 1))
+    return {directory: mode for directory, mode in modes.items() if directory in wanted}
+
+
+def _walk(root, skipped, ignored=None, temps=None, dirs=None):
     """
     ``(relpath, entry, dir_fd)`` of each regular file below ``root`` (a ``DirEntry`` read
     through ``dir_fd``, its directory's fd, open while the caller looks at it). Directories
     are entered by fd with ``O_NOFOLLOW``, so one swapped for a symlink during the walk is
     never followed; symlinks, special files and unsafe names go into ``skipped``; VCS
     directories and what ``ignored`` matches are left out. With ``temps`` (a list), the
-    relative paths of temporary files an interrupted sync left are added to it.
+    relative paths of temporary files an interrupted sync left are added to it; with ``dirs``
+    (a dict), the permission bits of each directory entered (``""``: the root).
     """
     stack = [("", os.open(root, _DIR_FLAGS & ~os.O_NOFOLLOW))]
     try:
         while stack:
             prefix, dfd = stack.pop()
             try:
+                if dirs is not None:
+                    dirs[prefix.rstrip("/")] = stat.S_IMODE(os.fstat(dfd).st_mode) & 0o777
                 with os.scandir(dfd) as entries:
                     for entry in entries:
                         rel = f"{prefix}{entry.name}"
@@ -338,7 +371,8 @@ def manifests(opts, kinds):
     ``{kind: {env: [{"path", "files", "skipped", "digest"}, ...]}}``: the manifest of each root
     of the master whose ``opts`` are given, per kind (``file_roots``/``pillar_roots``), per
     environment, in position order. ``file_roots`` leave out what the file server ignores.
-    Hashes are kept in the master's cachedir (``manifest``).
+    Hashes are kept in the master's cachedir (``manifest``). Each entry also holds ``dirs``,
+    the modes of its directories (``manifest``), which its digest covers.
 
     opts
         The master's opts (its own config: roots never come from an argument).
@@ -353,23 +387,37 @@ def manifests(opts, kinds):
         for env, paths in (opts.get(kind) or {}).items():
             out[kind][env] = []
             for path in paths:
-                files, skipped = manifest(str(path), ignored, opts.get("cachedir"))
+                dirs = {}
+                files, skipped = manifest(str(path), ignored, opts.get("cachedir"), dirs)
                 out[kind][env].append(
-                    {"path": str(path), "files": files, "skipped": skipped, "digest": digest(files)}
+                    {
+                        "path": str(path),
+                        "files": files,
+                        "dirs": dirs,
+                        "skipped": skipped,
+                        "digest": digest(files, dirs),
+                    }
                 )
     return out
 
 
-def digest(files):
+def _sha256_json(document):
+    return hashlib.sha256(
+        json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
+
+
+def digest(files, dirs=None):
     """
-    One SHA-256 for a manifest's files: equal trees have equal digests.
+    One SHA-256 for a manifest's files (and directory modes): equal trees have equal digests.
 
     files
         The ``files`` part of a manifest.
+
+    dirs
+        The directory modes of the manifest (``manifest``'s ``dirs``), when they count.
     """
-    return hashlib.sha256(
-        json.dumps(files, sort_keys=True, separators=(",", ":")).encode()
-    ).hexdigest()
+    return _sha256_json(files if dirs is None else {"files": files, "dirs": dirs})
 
 
 def digests(roots):
@@ -395,21 +443,29 @@ def _dir_of(relpath):
     return relpath.rpartition("/")[0]
 
 
-def dir_digests(files):
+def dir_digests(files, dirs=None):
     """
     ``{directory: digest}`` of a manifest's files grouped by the directory that holds them
-    (``""`` for the root): two trees differ only in the directories whose digests differ.
+    (``""`` for the root), each with that directory's mode: two trees differ only in the
+    directories whose digests differ.
 
     files
         The ``files`` part of a manifest.
+
+    dirs
+        Its directory modes (``manifest``'s ``dirs``).
     """
-    groups = {}
+    dirs = dirs or {}
+    groups = {directory: {} for directory in dirs}
     for relpath, entry in files.items():
         groups.setdefault(_dir_of(relpath), {})[relpath] = entry
-    return {directory: digest(group) for directory, group in groups.items()}
+    return {
+        directory: _sha256_json({"files": group, "mode": dirs.get(directory)})
+        for directory, group in groups.items()
+    }
 
 
-def differing_dirs(files, theirs):
+def differing_dirs(files, theirs, dirs=None):
     """
     The sorted directories where the manifest ``files`` and the per-directory digests
     ``theirs`` (``dir_digests`` of the other tree) disagree, including those only one side has.
@@ -419,8 +475,11 @@ def differing_dirs(files, theirs):
 
     theirs
         ``{directory: digest}`` of the other side.
+
+    dirs
+        This side's directory modes.
     """
-    mine = dir_digests(files)
+    mine = dir_digests(files, dirs)
     return sorted(d for d in set(mine) | set(theirs) if mine.get(d) != theirs.get(d))
 
 
@@ -436,6 +495,20 @@ def within(files, dirs):
     """
     dirs = set(dirs)
     return {relpath: entry for relpath, entry in files.items() if _dir_of(relpath) in dirs}
+
+
+def modes_within(modes, dirs):
+    """
+    The entries of the directory modes ``modes`` for the directories ``dirs``.
+
+    modes
+        ``{directory: mode}`` (``manifest``'s ``dirs``).
+
+    dirs
+        Directories relative to the root (``""`` is the root).
+    """
+    dirs = set(dirs)
+    return {directory: mode for directory, mode in modes.items() if directory in dirs}
 
 
 def plan(source, target):
@@ -464,6 +537,20 @@ def plan(source, target):
     )
     delete = sorted(path for path in target if path not in source)
     return {"add": add, "change": change, "mode": mode, "delete": delete}
+
+
+def dir_plan(source, target):
+    """
+    ``[[directory, mode], ...]``, sorted: the directories of ``source`` that ``target`` lacks
+    or holds with another mode, and the mode each must get.
+
+    source
+        The directory modes of the primary's root (``manifest``'s ``dirs``).
+
+    target
+        Those of the paired root on a peer.
+    """
+    return [[d, mode] for d, mode in sorted(source.items()) if target.get(d) != mode]
 
 
 ROOT_KINDS = ("file_roots", "pillar_roots")
@@ -605,20 +692,26 @@ def served_commits(opts):
     return served
 
 
+# A directory a sync makes: private until the plan gives it its mode (never wider meanwhile).
+NEW_DIR_MODE = 0o700
+
+
 def _open_dir(root, parts, create):
     """
     An fd of the directory ``parts`` below ``root``, walked without following any symlink;
-    missing directories (and the root) are made when ``create``. The root itself comes from the
-    master's own config: a symlink there is the administrator's choice and is followed.
+    missing directories (and the root) are made (``NEW_DIR_MODE``) when ``create``. The root
+    itself comes from the master's own config: a symlink there is the administrator's choice
+    and is followed.
     """
     if create:
-        os.makedirs(root, mode=0o755, exist_ok=True)
+        # The mode is the root's own: directories made above it are outside every root.
+        os.makedirs(root, mode=NEW_DIR_MODE, exist_ok=True)
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for part in parts:
             if create:
                 try:
-                    os.mkdir(part, 0o755, dir_fd=fd)
+                    os.mkdir(part, NEW_DIR_MODE, dir_fd=fd)
                     # The new directory's entry is durable before any file goes in it.
                     os.fsync(fd)
                 except FileExistsError:
@@ -627,7 +720,7 @@ def _open_dir(root, parts, create):
                 child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as exc:
                 raise RootsError(
-                    f"{'/'.join(parts)}: not a plain directory ({exc.strerror})"
+                    "/".join(parts), f"not a plain directory ({exc.strerror})", exc.errno
                 ) from None
             os.close(fd)
             fd = child
@@ -679,7 +772,7 @@ def write_file(root, relpath, blocks, mode, expect_sha256=None, synced_dirs=None
                 os.fchmod(handle.fileno(), mode & 0o777)
                 os.fsync(handle.fileno())
             if expect_sha256 is not None and digest_.hexdigest() != expect_sha256:
-                raise RootsError(f"{relpath!r}: content changed during the sync; run it again")
+                raise RootsError(relpath, "content changed during the sync; run it again")
             os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             try:
@@ -772,12 +865,44 @@ def set_mode(root, relpath, mode):
             # A hard link put there could be a file outside the root (/etc/shadow): never
             # change a mode another name shares.
             if os.fstat(fd).st_nlink != 1:
-                raise RootsError(f"{relpath!r}: has other hard links; mode left as it is")
+                raise RootsError(relpath, "has other hard links; mode left as it is")
             os.fchmod(fd, mode & 0o777)
         finally:
             os.close(fd)
     finally:
         os.close(dfd)
+
+
+def set_dir_mode(root, directory, mode):
+    """
+    Give the directory ``directory`` below ``root`` (``""``: the root itself) the permission
+    bits ``mode``, keeping its set-id and sticky bits; reached without following a symlink
+    below the root. Returns whether they changed: a directory already right is not touched,
+    and a missing one is left for the writes to make (False).
+
+    root
+        The destination root directory.
+
+    directory
+        The directory's path relative to ``root``.
+
+    mode
+        Permission bits (``0o700``, ``0o755`` ...).
+    """
+    try:
+        fd = _open_dir(root, check_relpath(directory) if directory else [], create=False)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return False
+        raise
+    try:
+        current = stat.S_IMODE(os.fstat(fd).st_mode)
+        if current & 0o777 == mode & 0o777:
+            return False
+        os.fchmod(fd, (current & ~0o777) | (mode & 0o777))
+        return True
+    finally:
+        os.close(fd)
 
 
 def delete_file(root, relpath):

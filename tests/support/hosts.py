@@ -16,7 +16,6 @@ the hosts' directories. Needs root, ``ip`` (iproute2), ``unshare`` and ``nsenter
 
 import contextlib
 import dataclasses
-import os
 import pathlib
 import shlex
 import shutil
@@ -42,7 +41,10 @@ set -e
 action=$1 unit=${2%.service}
 # What Salt's grains ask of any systemctl on PATH.
 [ "$action" = --version ] && { echo "systemd 252 (252.0)"; echo "+PAM"; exit 0; }
-case $unit in salt-master|salt-minion) ;; *) echo "systemctl: unit $unit unknown here" >&2; exit 5;; esac
+case $unit in
+    salt-master|salt-minion) ;;
+    *) echo "systemctl: unit $unit unknown here" >&2; exit 5 ;;
+esac
 pidfile=/run/$unit.pid
 stop() {
     pid=$(cat "$pidfile" 2>/dev/null) || pid=
@@ -219,8 +221,21 @@ class HostSet:
 
     def _make(self, host):
         _run(["ip", "netns", "add", host.netns])
-        _run(["ip", "link", "add", host.veth, "type", "veth", "peer", "name", "eth0",
-              "netns", host.netns])
+        _run(
+            [
+                "ip",
+                "link",
+                "add",
+                host.veth,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                host.netns,
+            ]
+        )
         _run(["ip", "link", "set", host.veth, "master", self.bridge, "up"])
         inside = ["ip", "-n", host.netns]
         _run([*inside, "addr", "add", f"{host.address}/24", "dev", "eth0"])

@@ -4,8 +4,10 @@ detached watcher (``main``). Processes are real: short-lived children of this te
 stand-ins for a salt-master (a script whose file name is ``salt-master``).
 """
 
+import collections
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -461,3 +463,95 @@ def test_script_installed_finds_a_daemon_beside_this_salt_or_on_path(tmp_path, m
     script.write_text("#!/bin/sh\n")
     script.chmod(0o755)
     assert multimaster_daemon.script_installed("salt-master") is True
+
+
+# --- restart_pending -------------------------------------------------------------------------
+
+# Keeps a process looking like a restart watcher: imported at start-up, before the script runs.
+LINGER = "import time\ntime.sleep(60)\n"
+
+
+@pytest.fixture
+def lookalike(tmp_path):
+    """
+    ``lookalike(interpreter, pidfile)``: a live process whose command line is exactly a
+    watcher's for ``pidfile`` (``[interpreter, this module's file, spec]``), run by
+    ``interpreter``; it never runs the watcher, it lingers in its ``sitecustomize``.
+    """
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(LINGER)
+    procs = []
+
+    def start(interpreter, pidfile):
+        me = os.path.abspath(multimaster_daemon.__file__)
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "PYTHONPATH": str(site),
+            "PYTHONHOME": sys.base_prefix,
+        }
+        proc = subprocess.Popen([interpreter, me, json.dumps({"pidfile": pidfile})], env=env)
+        procs.append(proc)
+        return _wait_exec(proc, me)
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_watcher_run_by_this_interpreter_is_pending(lookalike, tmp_path):
+    pidfile = str(tmp_path / "salt-master.pid")
+    assert multimaster_daemon.restart_pending(pidfile) is False
+    lookalike(sys.executable, pidfile)
+    assert multimaster_daemon.restart_pending(pidfile) is True
+    assert multimaster_daemon.restart_pending(str(tmp_path / "other.pid")) is False
+
+
+def test_a_lookalike_run_by_another_interpreter_is_not_pending(lookalike, tmp_path):
+    # Anyone may copy an interpreter, or bring one: the command line is all it shares.
+    other = tmp_path / "bin" / "python3"
+    other.parent.mkdir()
+    shutil.copy2(os.path.realpath(sys.executable), other)
+    pidfile = str(tmp_path / "salt-master.pid")
+    lookalike(str(other), pidfile)
+    assert multimaster_daemon.restart_pending(pidfile) is False
+
+
+_Uids = collections.namedtuple("_Uids", "real effective saved")
+
+
+class _Lookalike:
+    """
+    A process as ``psutil.process_iter`` yields it: a watcher's command line, run by this very
+    interpreter, as user ``uid``.
+    """
+
+    def __init__(self, pidfile, uid):
+        me = os.path.abspath(multimaster_daemon.__file__)
+        self.pid = 4242
+        self.info = {
+            "cmdline": [sys.executable, me, json.dumps({"pidfile": pidfile})],
+            "uids": _Uids(uid, uid, uid),
+            "exe": os.path.realpath(sys.executable),
+        }
+
+    def cmdline(self):
+        return self.info["cmdline"]
+
+    def uids(self):
+        return self.info["uids"]
+
+    def exe(self):
+        return self.info["exe"]
+
+
+def test_a_lookalike_of_another_user_is_not_pending(tmp_path, monkeypatch):
+    # A local user keeps a master "restarting" by running a process with a watcher's argv.
+    pidfile = str(tmp_path / "salt-master.pid")
+    stranger = next(uid for uid in range(1000, 70000) if uid not in (0, os.geteuid()))
+    procs = [_Lookalike(pidfile, stranger)]
+    monkeypatch.setattr(multimaster_daemon.psutil, "process_iter", lambda *a, **k: iter(procs))
+    assert multimaster_daemon.restart_pending(pidfile) is False
+    procs.append(_Lookalike(pidfile, os.geteuid()))
+    assert multimaster_daemon.restart_pending(pidfile) is True

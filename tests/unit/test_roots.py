@@ -380,25 +380,40 @@ def peer_module():
 def test_a_peer_manifest_cut_to_the_differing_directories_plans_as_the_whole_one(
     tree, runner, peer_module
 ):
-    files = roots.manifest(tree)[0]
-    local = {"file_roots": {"base": [{"path": str(tree), "files": files, "skipped": {}}]}}
+    dirs = {}
+    files = roots.manifest(tree, dirs=dirs)[0]
+    local = {
+        "file_roots": {"base": [{"path": str(tree), "files": files, "dirs": dirs, "skipped": {}}]}
+    }
     theirs = dict(files)
     theirs["nested/deep/run.sh"] = {**theirs["nested/deep/run.sh"], "sha256": "1" * 64}
     theirs["gone/old.sls"] = {"size": 1, "mode": 0o644, "sha256": "0" * 64}
     del theirs["blob.bin"]
+    their_dirs = dict(dirs, nested=0o777, gone=0o755)
     whole = {"file_roots": {"base": [theirs]}}
-    cut, partial = peer_module._narrowed(whole, runner._dir_digests(local))
-    assert partial == {"file_roots": {"base": [["", "gone", "nested/deep"]]}}
+    modes = {"file_roots": {"base": [their_dirs]}}
+    cut, cut_modes, partial = peer_module._narrowed(whole, modes, runner._dir_digests(local))
+    assert partial == {"file_roots": {"base": [["", "gone", "nested", "nested/deep"]]}}
     assert "top.sls" in cut["file_roots"]["base"][0]  # same directory as the missing blob
     assert "with space.sls" in cut["file_roots"]["base"][0]
-    assert runner._roots_plan(local, cut, partial) == runner._roots_plan(local, whole)
-    pairs, _ = runner._roots_plan(local, cut, partial)
+    assert cut_modes["file_roots"]["base"][0] == roots.modes_within(
+        their_dirs, partial["file_roots"]["base"][0]
+    )
+    assert runner._roots_plan(local, cut, cut_modes, partial) == runner._roots_plan(
+        local, whole, modes
+    )
+    pairs, _ = runner._roots_plan(local, cut, cut_modes, partial)
     assert [w["path"] for w in pairs[0]["write"]] == ["blob.bin", "nested/deep/run.sh"]
     assert pairs[0]["delete"] == ["gone/old.sls"]
+    assert pairs[0]["dirs"] == [["nested", dirs["nested"]]]
     # Digests the publish cannot carry, or garbage in their place: the whole manifest.
-    assert peer_module._narrowed(whole, None) == (whole, {"file_roots": {"base": [None]}})
+    assert peer_module._narrowed(whole, modes, None) == (
+        whole,
+        modes,
+        {"file_roots": {"base": [None]}},
+    )
     garbage = {"file_roots": {"base": [{"x": 1}]}}
-    assert peer_module._narrowed(whole, garbage)[0] == whole
+    assert peer_module._narrowed(whole, modes, garbage)[0] == whole
 
 
 def test_a_peer_s_directory_list_that_does_not_match_its_manifests_is_refused(runner):
@@ -513,3 +528,71 @@ def test_a_peer_whose_roots_nest_unlike_the_primary_s_is_refused(runner):
     # primary serves the formula checkout, which holds its second root).
     runner._check_overlaps("m1", {"m1": {"real": nested}, "m2": {"real": nested}})
     runner._check_overlaps("m1", {"m1": {"real": nested}, "m2": {"real": apart}})
+
+
+def test_a_manifest_carries_the_modes_of_the_directories_that_hold_files(tmp_path):
+    root = tmp_path / "root"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "empty").mkdir()
+    (root / "a" / "b" / "f.sls").write_text("x\n")
+    for path, mode in ((root, 0o750), (root / "a", 0o700), (root / "a" / "b", 0o711)):
+        path.chmod(mode)
+    dirs = {}
+    files, _ = roots.manifest(root, dirs=dirs)
+    assert dirs == {"": 0o750, "a": 0o700, "a/b": 0o711}
+    assert roots.digest(files, dirs) != roots.digest(files, dict(dirs, a=0o755))
+    # An empty root is no more synced than an empty directory: it equals a missing one.
+    (root / "a" / "b" / "f.sls").unlink()
+    dirs = {}
+    assert roots.manifest(root, dirs=dirs) == ({}, {}) and dirs == {}
+
+
+def test_directories_a_write_makes_are_private_until_given_their_mode(tmp_path):
+    root = tmp_path / "srv" / "pillar"
+    roots.write_file(root, "a/b/secret.sls", [b"x\n"], 0o644)
+    for path in (root, root / "a", root / "a" / "b"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+    # Above the root, outside every root: the usual mode.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "srv").stat().st_mode) == 0o777 & ~umask
+
+
+def test_set_dir_mode_narrows_keeps_special_bits_and_reports_a_change(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a").chmod(0o2755)
+    assert roots.set_dir_mode(tmp_path, "a", 0o700) is True
+    assert stat.S_IMODE((tmp_path / "a").stat().st_mode) == 0o2700
+    assert roots.set_dir_mode(tmp_path, "a", 0o700) is False
+    assert roots.set_dir_mode(tmp_path, "missing/deeper", 0o700) is False
+    assert roots.set_dir_mode(tmp_path / "gone", "", 0o700) is False
+    assert roots.set_dir_mode(tmp_path, "", 0o711) is True
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o711
+
+
+def test_set_dir_mode_never_changes_a_directory_through_a_symlink(tmp_path):
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir(mode=0o755)
+    elsewhere.chmod(0o755)
+    (root / "a").symlink_to(elsewhere)
+    with pytest.raises(roots.RootsError, match="not a plain directory"):
+        roots.set_dir_mode(root, "a", 0o777)
+    assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o755
+
+
+def test_the_directory_plan_names_what_is_missing_or_of_another_mode():
+    source = {"": 0o700, "a": 0o700, "a/b": 0o755}
+    target = {"": 0o755, "a": 0o700, "stale": 0o777}
+    assert roots.dir_plan(source, target) == [["", 0o700], ["a/b", 0o755]]
+
+
+@pytest.mark.parametrize(
+    "modes",
+    [None, {}, {"file_roots": {"base": []}}, {"file_roots": {"base": [{"a": "0755"}]}}],
+)
+def test_a_peer_s_directory_modes_that_do_not_match_its_manifests_are_refused(runner, modes):
+    files = {"file_roots": {"base": [{}]}}
+    assert runner._modes_check({"file_roots": {"base": [{"": 0o700}]}}, files)
+    with pytest.raises(runner.Refused, match="directory modes"):
+        runner._modes_check(modes, files)
