@@ -5,9 +5,12 @@ the pillar asked for. A bad pillar makes every SLS fail to render, naming the ke
 """
 
 import copy
+import os
 import pathlib
+import pwd
 
 import pytest
+import salt.utils.yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -204,12 +207,21 @@ def minion_dataset(env, results):
 
 
 def master_dataset(env, results):
+    """
+    The ``master.d`` options: no state argument (they may hold secrets), the state computes
+    them when it runs; run here into a file of its own.
+    """
     fun, kwargs = args(
         states(results["multimaster.master"])["multimaster-master-config-file-managed"]
     )
-    assert fun == "file.serialize"
+    assert fun == "multimaster.master_config_managed"
     assert kwargs["name"] == str(env.conf_dir / "master.d" / "multimaster.conf")
-    return kwargs["dataset"]
+    assert kwargs["user"] == pwd.getpwuid(os.getuid()).pw_name
+    path = env.base / "shown" / "multimaster.conf"
+    with env.loaders() as loaders:
+        ret = loaders.states.multimaster.master_config_managed(str(path))
+    assert ret["result"] is True, ret
+    return salt.utils.yaml.safe_load(path.read_text())
 
 
 def test_pillar_example_outputs(rendered):
@@ -263,9 +275,7 @@ def test_hot_outputs(rendered):
     assert fun == "multimaster.master_restarted"
     # The pidfile is not a state argument: the module reads it from this master's own config.
     assert "pidfile" not in kwargs
-    fun, kwargs = args(master_states["multimaster-master-config-file-managed"])
-    # master.d can hold secrets (master:config, gitfs credentials): no diff in the job return.
-    assert kwargs["show_changes"] is False
+    assert {"multimaster": "multimaster-master-config-file-managed"} in kwargs["onchanges"]
     minion_states = states(results["multimaster.minion"])
     fun, kwargs = args(minion_states["multimaster-minion-service-restarted"])
     assert fun == "multimaster.minion_restarted"
