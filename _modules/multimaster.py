@@ -461,6 +461,31 @@ def forget_cluster_peer(peer, rotate_secret=False, test=False):
     return {"peer": peer, "deleted": held and not test, "held": held, "peers_dir": peers_dir}
 
 
+def id_problems(ids):
+    """
+    What is wrong with each id in ``ids``: one message per value that is not a strict minion or
+    master id (no leading '.' or '-', no glob characters, commas, whitespace, control characters
+    or path separators, at most 64 bytes), naming what it is, the value and the expected form;
+    an empty list when all are ids. The orchestrations check the ids their pillar names with it,
+    before any of them reaches a state.
+
+    ids
+        A mapping of what each value is (a pillar key, for the message) to the value; values
+        that are None (an optional setting left out) are not checked.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-call multimaster.id_problems '{"pillar multimaster_new": "web*"}'
+    """
+    if not isinstance(ids, dict):
+        raise CommandExecutionError(
+            f"ids: got {ids!r}; expected a mapping of what each value is to the value"
+        )
+    return multimaster_ids.problems(ids)
+
+
 def active_master():
     """
     The master this minion is connected to right now (on a multi-master minion

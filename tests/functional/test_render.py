@@ -5,6 +5,7 @@ the pillar asked for. A bad pillar makes every SLS fail to render, naming the ke
 """
 
 import copy
+import json
 import os
 import pathlib
 import pwd
@@ -480,3 +481,62 @@ def test_bad_pillar_fails_every_sls(rendered, bad, sls):
     errors = results[sls]
     assert isinstance(errors, list), f"{sls} rendered despite a bad pillar: {errors}"
     assert any(BAD[bad][2] in error for error in errors), errors
+
+
+def render_orch(env, name, **orch_pillar):
+    """
+    The high data of orchestration ``name`` on ``env``, ``orch_pillar`` given on the command
+    line as ``state.orch`` takes it.
+    """
+    with env.loaders() as loaders:
+        return loaders.modules.state.show_sls(f"multimaster.orch.{name}", pillar=orch_pillar)
+
+
+# A pillar value that, pasted unquoted into YAML, ends the line and adds a state of its own.
+CRAFTED = "master3\ninjected-state:\n  cmd.run:\n    - name: touch pwned"
+REMOVE_ORCH_IDS = {
+    "remove": ("hot", {"multimaster_remove": CRAFTED}),
+    "remove-cluster": ("cluster", {"multimaster_remove": CRAFTED}),
+    "minion-id": (
+        "hot",
+        {
+            "multimaster_remove": "master3",
+            "multimaster_remove_minion_id": CRAFTED,
+            "multimaster_stop": True,
+        },
+    ),
+    "balancer-minion": (
+        "cluster",
+        {"multimaster_remove": "127.0.0.4", "multimaster_balancer_minion": CRAFTED},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REMOVE_ORCH_IDS))
+def test_remove_master_refuses_an_id_that_is_not_one(rendered, case):
+    variant, orch_pillar = REMOVE_ORCH_IDS[case]
+    env, _ = rendered(variant)
+    high = states(render_orch(env, "remove_master", **orch_pillar))
+    assert list(high) == ["multimaster-orch-remove-master-pillar-refused"], high
+    fun, kwargs = args(high["multimaster-orch-remove-master-pillar-refused"])
+    assert fun == "test.fail_without_changes"
+    (key,) = (k for k, v in orch_pillar.items() if v == CRAFTED)
+    assert f"pillar {key}: {CRAFTED!r} is not a valid id; expected" in kwargs["name"], kwargs
+
+
+@pytest.mark.parametrize(("variant", "gone"), [("hot", "master3"), ("cluster", "127.0.0.4")])
+def test_remove_master_renders_its_steps_for_an_id(rendered, variant, gone):
+    env, _ = rendered(variant)
+    orch_pillar = {"multimaster_remove": gone, "multimaster_balancer_minion": "lb1"}
+    high = states(render_orch(env, "remove_master", **orch_pillar))
+    assert "multimaster-orch-remove-master-status" in high
+    assert not [sid for sid in high if sid.endswith(("-refused", "-unknown"))], list(high)
+
+
+def test_add_master_refuses_a_crafted_id_by_name(rendered):
+    env, _ = rendered("hot")
+    high = states(render_orch(env, "add_master", multimaster_new=CRAFTED))
+    assert list(high) == ["multimaster-orch-add-master-refused"], high
+    _, kwargs = args(high["multimaster-orch-add-master-refused"])
+    assert f"got {json.dumps(CRAFTED)}; expected the id of a master listed" in kwargs["name"]
+    assert '(["master1", "master2"])' in kwargs["name"], kwargs

@@ -481,3 +481,11 @@ def test_forget_cluster_peer_refused_outside_cluster_mode(mod, defaults):
     mod.__context__["multimaster.defaults"] = defaults
     with pytest.raises(CommandExecutionError, match="not the control minion of a cluster master"):
         mod.forget_cluster_peer("10.0.3.63")
+
+
+def test_id_problems_takes_a_mapping_only(mod):
+    assert mod.id_problems({"pillar multimaster_new": "master3"}) == []
+    (problem,) = mod.id_problems({"pillar multimaster_new": "web*"})
+    assert problem.startswith("pillar multimaster_new: 'web*' is not a valid id; expected")
+    with pytest.raises(CommandExecutionError, match=r"^ids: got 'web\*'; expected a mapping"):
+        mod.id_problems("web*")
