@@ -6,6 +6,10 @@ The SLS files call these functions so that Jinja only renders data: ``settings``
 validates the pillar, ``master_config``/``minion_config`` derive the ``master.d``/``minion.d``
 files, ``restart_minion``/``restart_master`` restart a daemon of this host after the current job.
 What only the ``multimaster`` runners drive on a master host lives in ``multimaster_peer``.
+
+Every function here can be published and its return lands in the job cache: none returns a
+secret. The files that hold secrets are written by the formula's states, which compute them at
+run time (``multimaster_local``).
 """
 
 import hmac
@@ -14,9 +18,7 @@ import os
 import socket
 import time
 
-import salt.config
 import salt.runner
-import salt.utils.dictupdate
 import salt.utils.files
 from salt.exceptions import CommandExecutionError
 
@@ -25,6 +27,7 @@ try:
     import multimaster_haproxy
     import multimaster_ids
     import multimaster_keystore
+    import multimaster_local
     import multimaster_roots
     import multimaster_saltlayout
     import multimaster_settings
@@ -37,8 +40,6 @@ log = logging.getLogger(__name__)
 
 __virtualname__ = "multimaster"
 
-_PARAMETERS_URL = "salt://multimaster/parameters"
-
 
 def __virtual__():
     if not HAS_UTILS:
@@ -49,79 +50,22 @@ def __virtual__():
     return __virtualname__
 
 
-def _values(url, required):
-    """
-    The ``values`` of the parameters file at ``url`` on the file server ({} when an optional
-    one is missing).
-    """
-    import salt.utils.yaml
-
-    text = __salt__["cp.get_file_str"](url)
-    if not text:
-        if required:
-            raise CommandExecutionError(f"multimaster: cannot read {url}")
-        return {}
-    return (salt.utils.yaml.safe_load(text) or {}).get("values") or {}
-
-
-def _defaults(defaults):
-    """
-    ``defaults`` as given, else the formula's: ``parameters/defaults.yaml`` with
-    ``parameters/os_family/<os_family>.yaml`` of this minion merged over it (as template-formula
-    stacks them), read once per run.
-    """
-    if defaults is not None:
-        return defaults
-    if "multimaster.defaults" not in __context__:
-        family = _values(f"{_PARAMETERS_URL}/os_family/{__grains__.get('os_family')}.yaml", False)
-        __context__["multimaster.defaults"] = salt.utils.dictupdate.update(
-            _values(f"{_PARAMETERS_URL}/defaults.yaml", True), family, recursive_update=True
-        )
-    return __context__["multimaster.defaults"]
-
-
-def _local_master(settings):
-    """
-    This host's master entry (the one whose control minion we are) with its paths resolved.
-    """
-    master = multimaster_settings.local_master(
-        settings, __opts__["id"], os.path.dirname(__opts__["conf_file"])
-    )
-    if master is None:
-        return None
-    opts = multimaster_keystore.master_opts(master["config_dir"])
-    return dict(
-        master,
-        pki_dir=opts["pki_dir"],
-        cachedir=opts["cachedir"],
-        pidfile=opts["pidfile"],
-        user=opts["user"],
-    )
-
-
-def _own_master_options(settings, master):
-    """
-    What this master's own config sets, the formula's ``master.d`` files left out.
-    """
-    lookup = settings["lookup"]
-    ours = (lookup["config_file"], lookup["cluster_config_file"], lookup["job_cache_config_file"])
-    return multimaster_keystore.own_master_options(master["config_dir"], ours)
-
-
 def settings(defaults=None, redact=True):
     """
     Return the validated ``multimaster`` settings: pillar merged over the formula defaults, plus
     ``local`` paths of this host (minion config and pki dirs, and the master entry this minion
-    controls, if any). Raises an error naming the bad pillar key before anything changes.
+    controls, if any) and the ``config`` files derived from them. What may be secret is masked
+    (``master:config`` values, credentials in gitfs remote URLs, any ``*secret*``/``*password*``/
+    ``*token*`` key): the return lands in the master's job cache. Raises an error naming the bad
+    pillar key before anything changes.
 
     defaults
         The formula defaults (``parameters/defaults.yaml`` ``values``); read from the file
         server when not given.
 
     redact
-        Mask what may be secret (``master:config`` values, credentials in gitfs remote URLs,
-        any ``*secret*``/``*password*``/``*token*`` key). A return lands in the master's job
-        cache: only ``map.jinja``, which renders in the minion's memory, passes ``False``.
+        Only ``True``: the secrets never leave this host through a return. The formula's
+        states write them to their files at run time.
 
     CLI Example:
 
@@ -129,39 +73,14 @@ def settings(defaults=None, redact=True):
 
         salt '*' multimaster.settings
     """
-    merged = multimaster_settings.build(
-        multimaster_saltlayout.pillar_section(__salt__, "multimaster"), _defaults(defaults)
-    )
-    local_master = _local_master(merged)
-    merged["local"] = {
-        "minion_conf_dir": os.path.dirname(__opts__["conf_file"]),
-        "minion_pki_dir": __opts__["pki_dir"],
-        "minion_pidfile": __opts__["pidfile"],
-        "first_highstate_mark": _first_highstate_mark(),
-        "master": local_master,
-        # A Salt that has a salt-master already (pip, onedir tarball or package) gets no second.
-        "salt_master_installed": multimaster_daemon.script_installed("salt-master"),
-        # Only a master needs them (and only its control minion sees the job cache password).
-        "python_deps": (
-            multimaster_settings.python_deps(merged, multimaster_saltlayout.salt_install())
-            if local_master
-            else []
-        ),
-    }
-    merged["config"] = {
-        "minion": multimaster_settings.minion_config(merged),
-        "master": local_master
-        and multimaster_settings.master_config(
-            merged, local_master, _own_master_options(merged, local_master)
-        ),
-    }
-    if local_master and merged["mode"] == "cluster":
-        merged["config"]["cluster"] = multimaster_settings.cluster_config(
-            merged, local_master, local_master["pki_dir"]
+    if redact is not True:
+        raise CommandExecutionError(
+            f"redact={redact!r} is not accepted: multimaster.settings always masks secrets (its "
+            "return lands in the job cache); leave redact out. The formula's states write the "
+            "secrets to their master.d files at run time"
         )
-    if local_master and merged["job_cache"]["enabled"]:
-        merged["config"]["job_cache"] = multimaster_settings.job_cache_config(merged)
-    return multimaster_settings.redacted_settings(merged) if redact else merged
+    merged = multimaster_local.settings(__salt__, __opts__, __grains__, __context__, defaults)
+    return multimaster_settings.redacted_settings(merged)
 
 
 def haproxy_config(defaults=None):
@@ -178,7 +97,7 @@ def haproxy_config(defaults=None):
 
         salt balancer1 multimaster.haproxy_config
     """
-    merged = settings(defaults, redact=False)
+    merged = settings(defaults)
     if merged["mode"] != "cluster":
         raise CommandExecutionError(
             f"multimaster:mode is {merged['mode']!r}; the balancer is only for mode 'cluster'"
@@ -420,12 +339,6 @@ def sync_master_modules(restart=True, service="salt-master"):
     return ret
 
 
-def _first_highstate_mark():
-    # Beside the minion's key, not in its cache: saltutil.clear_cache must not make a set-up
-    # minion "new", while a minion whose pki dir is fresh (a new identity) is new.
-    return os.path.join(__opts__["pki_dir"], "multimaster_first_highstate")
-
-
 def first_highstate(**kwargs):
     """
     Run ``state.highstate`` on this minion if nothing has claimed its first highstate yet: the
@@ -441,7 +354,7 @@ def first_highstate(**kwargs):
 
         salt web1 multimaster.first_highstate
     """
-    path = _first_highstate_mark()
+    path = multimaster_local.first_highstate_mark(__opts__)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
@@ -546,6 +459,31 @@ def forget_cluster_peer(peer, rotate_secret=False, test=False):
         multimaster_roots.delete_file(peers_dir, f"{peer}.pub")
         log.info("multimaster: cluster peer key of %s deleted from %s", peer, peers_dir)
     return {"peer": peer, "deleted": held and not test, "held": held, "peers_dir": peers_dir}
+
+
+def id_problems(ids):
+    """
+    What is wrong with each id in ``ids``: one message per value that is not a strict minion or
+    master id (no leading '.' or '-', no glob characters, commas, whitespace, control characters
+    or path separators, at most 64 bytes), naming what it is, the value and the expected form;
+    an empty list when all are ids. The orchestrations check the ids their pillar names with it,
+    before any of them reaches a state.
+
+    ids
+        A mapping of what each value is (a pillar key, for the message) to the value; values
+        that are None (an optional setting left out) are not checked.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-call multimaster.id_problems '{"pillar multimaster_new": "web*"}'
+    """
+    if not isinstance(ids, dict):
+        raise CommandExecutionError(
+            f"ids: got {ids!r}; expected a mapping of what each value is to the value"
+        )
+    return multimaster_ids.problems(ids)
 
 
 def active_master():

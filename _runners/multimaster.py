@@ -3,15 +3,16 @@ Operate a set of Salt masters as one: share the master key, keep minion keys ide
 master, and report whether the set is consistent and alive.
 
 The masters are read from this master's own config (``multimaster:`` in ``master.d``, written by
-the ``multimaster.master`` state); ``masters=`` overrides it, except for ``sync_master_key``,
-whose recipients of a private key come only from this master's config. Each master is reached
-through its control minion (the salt-minion on that host, module ``multimaster_peer``), targeted
-by exact id list. Every change is sent as an order signed by this master and bound to a
+the ``multimaster.master`` state), never from arguments: the first of them is the primary, whose
+keys are the authority, and a runner ACL that allows one function must not let its caller name
+another primary or another recipient of a private key (``masters=`` is refused). Each master is
+reached through its control minion (the salt-minion on that host, module ``multimaster_peer``),
+targeted by exact id list. Every change is sent as an order signed by this master and bound to a
 single-use challenge of the recipient. Bulk data (key actions, sealed keys) never rides the
 publish: it is staged on this master and the recipient pulls it over its own request channel
 (``multimaster_transfer.pull``, allowed to the control minions by ``peer_run``); the publish
-carries a ticket. Work is applied master by master in the order of
-``masters`` (the first is the primary). Every function takes ``test=True`` (return the plan,
+carries a ticket. Work is applied master by master in the configured order (the first is the
+primary). Every function takes ``test=True`` (return the plan,
 change nothing) and returns ``retcode: 1`` on any failure.
 """
 
@@ -79,21 +80,33 @@ def _on_disk():
     return __opts__
 
 
-def _section(masters=None, opts=None):
+def _section(opts=None):
     if not multimaster_transport.ids_signed(__opts__):
         # Every control minion's answer and pull is trusted by its minion id.
         raise Refused(
             multimaster_transport.UNSIGNED_IDS.format(__opts__.get("minimum_auth_version"))
         )
     section = dict((opts or _on_disk()).get("multimaster") or {})
-    if masters is not None:
-        section["masters"] = masters
     if not section.get("masters"):
         raise Refused(
             "multimaster:masters is not in this master's config: apply the multimaster.master "
-            "state to this master's control minion, or pass masters=[...]"
+            "state to this master's control minion"
         )
     return multimaster_settings.check_section(section)
+
+
+def _configured(masters, what):
+    """
+    This master's own section, refusing ``masters=``: the set, its order and so its primary (the
+    first entry, whose keys are the authority) come only from this master's config.
+    """
+    if masters is not None:
+        raise Refused(
+            f"masters= is not accepted by {what}: got {multimaster_keys.shown(masters)}; the "
+            "masters, their order and the primary (the first) come only from multimaster:masters "
+            "in this master's own config: change them in pillar and apply multimaster.master"
+        )
+    return _section()
 
 
 def _addressable(section, what):
@@ -473,7 +486,8 @@ def sync_keys(minion=None, prune=False, test=False, force=False, masters=None, t
         one run (a compromised peer reporting every id as rejected must not revoke the fleet).
 
     masters
-        Override the master list of this master's config (a list of master entries).
+        Refused: the masters, and the primary whose keys are the authority, come only from
+        multimaster:masters in this master's own config.
 
     timeout
         Seconds to wait for each control-minion call.
@@ -487,7 +501,7 @@ def sync_keys(minion=None, prune=False, test=False, force=False, masters=None, t
         salt-run multimaster.sync_keys prune=True
     """
     try:
-        section = _addressable(_section(masters), "sync_keys")
+        section = _addressable(_configured(masters, "sync_keys"), "sync_keys")
         ids = None if minion is None else [multimaster_ids.check_id(minion, "minion")]
         _await_restarts(section)
     except SaltInvocationError as exc:
@@ -508,7 +522,7 @@ def sync_keys(minion=None, prune=False, test=False, force=False, masters=None, t
 
 def _one_id(op, minion_id, fingerprint, test, masters, timeout, force=False):
     try:
-        section = _addressable(_section(masters), op)
+        section = _addressable(_configured(masters, op), op)
         multimaster_ids.check_id(minion_id, "minion id")
         _await_restarts(section)
     except SaltInvocationError as exc:
@@ -1119,12 +1133,7 @@ def sync_master_key(test=False, masters=None, timeout=180):
         salt-run multimaster.sync_master_key test=True
     """
     try:
-        if masters is not None:
-            raise Refused(
-                "masters= is not accepted by sync_master_key: the recipients of the master's "
-                "private key come only from multimaster:masters in this master's own config"
-            )
-        section = _addressable(_section(), "sync_master_key")
+        section = _addressable(_configured(masters, "sync_master_key"), "sync_master_key")
         signing = _signing(section)
         _await_restarts(section)
         plan, errors = _key_plan(section, signing, timeout)
@@ -2069,7 +2078,7 @@ def status(masters=None, timeout=30, ping_timeout=5, test=False):
     Read-only: ``test=True`` (accepted like every runner here) changes nothing either.
 
     masters
-        Override the master list of this master's config.
+        Refused, as for ``sync_keys``.
 
     timeout
         Seconds to wait for each control minion.
@@ -2084,7 +2093,7 @@ def status(masters=None, timeout=30, ping_timeout=5, test=False):
         salt-run multimaster.status
     """
     try:
-        section = _section(masters)
+        section = _configured(masters, "status")
     except SaltInvocationError as exc:
         return _refused(exc)
     if section["mode"] == "cluster":

@@ -5,7 +5,9 @@ States of the ``multimaster`` formula.
 that changes the master list still reports its result. ``master_key_files_secure`` reports master
 key files whose type, mode or owner is wrong. ``haproxy_configured``/``haproxy_running`` keep the
 balancer of a master cluster: a configuration HAProxy refuses never replaces the live one.
-``cluster_config_managed``/``job_cache_config_managed`` keep the 0600 files that hold a secret;
+``master_config_managed``/``cluster_config_managed``/``job_cache_config_managed`` keep the 0600
+``master.d`` files that may hold a secret, computed at run time (``multimaster_local``): the
+execution module's returns and the rendered SLS only ever see them masked.
 ``job_cache_schema_present`` prepares the shared job cache database.
 """
 
@@ -22,6 +24,7 @@ try:
     import multimaster_haproxy
     import multimaster_jobcache
     import multimaster_keys
+    import multimaster_local
     import multimaster_roots
 
     HAS_UTILS = True
@@ -106,7 +109,7 @@ def master_restarted(name, service="salt-master", delay=0):
         multimaster-master-service-running-master-restarted:
           multimaster.master_restarted:
             - onchanges:
-              - file: multimaster-master-config-file-managed
+              - multimaster: multimaster-master-config-file-managed
     """
     return _restarted(
         name,
@@ -326,15 +329,23 @@ def haproxy_running(name, pidfile, reload=False):
     return ret
 
 
+def _configs():
+    """
+    This host's config files with the secrets in clear (never returned, never a state argument).
+    """
+    return multimaster_local.settings(__salt__, __opts__, __grains__, __context__)["config"]
+
+
 def _secret_config_managed(name, part, user):
     """
-    Keep ``name`` a 0600 file owned by ``user`` that holds ``settings()["config"][part]``,
-    computed here at run time: passed as a state argument, a secret in it would be stored in the
-    minion's ``highstate.cache.p`` with the rest of the compiled states. The return never shows
-    the content. Written atomically (temp file in the same directory, fsync, rename).
+    Keep ``name`` a 0600 file owned by ``user`` that holds this host's ``part`` config, computed
+    here at run time: passed as a state argument, a secret in it would be returned by
+    ``state.show_sls`` and stored in the minion's ``highstate.cache.p`` with the rest of the
+    compiled states. The return never shows the content. Written atomically (temp file in the
+    same directory, fsync, rename).
     """
     ret = {"name": name, "result": True, "changes": {}, "comment": ""}
-    config = __salt__["multimaster.settings"](redact=False)["config"].get(part)
+    config = _configs().get(part)
     if not config:
         ret.update(result=False, comment=f"no {part} options in the pillar for this master")
         return ret
@@ -371,6 +382,29 @@ def _secret_config_managed(name, part, user):
         return ret
     ret.update(changes={"diff": "<secret: not shown>"}, comment=f"{name} updated")
     return ret
+
+
+def master_config_managed(name, user=None):
+    """
+    Ensure ``name`` (a ``master.d`` file, mode 0600) holds the options of the master this minion
+    controls, derived from the pillar ``multimaster``: interface, ports, roots, ACLs, the
+    ``multimaster`` section the runners read, gitfs remotes (their URLs may carry credentials)
+    and ``master:config`` (any of it may be secret). Computed at run time, never a state
+    argument; the return never shows the content.
+
+    name, user
+        As for ``cluster_config_managed``: the file, and the user the master runs as (owner).
+
+    CLI Example:
+
+    .. code-block:: yaml
+
+        multimaster-master-config-file-managed:
+          multimaster.master_config_managed:
+            - name: /etc/salt/master.d/multimaster.conf
+            - user: salt
+    """
+    return _secret_config_managed(name, "master", user)
 
 
 def cluster_config_managed(name, user=None):
@@ -443,7 +477,7 @@ def job_cache_schema_present(name):
             - name: job cache schema
     """
     ret = {"name": name, "result": True, "changes": {}, "comment": ""}
-    options = __salt__["multimaster.settings"](redact=False)["config"].get("job_cache")
+    options = _configs().get("job_cache")
     if not options:
         ret.update(result=False, comment="the job cache is not enabled in the pillar")
         return ret

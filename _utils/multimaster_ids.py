@@ -28,13 +28,29 @@ def is_valid_id(value):
     )
 
 
+def _refusal(value, where):
+    return (
+        f"{where}: {value!r} is not a valid id; expected 1-{MAX_ID_BYTES} bytes of letters, "
+        "digits, '_', '.', '-', not starting with '.' or '-'"
+    )
+
+
 def check_id(value, where="id"):
     """
     Return ``value`` when it is a safe id, else raise ``SaltInvocationError`` naming ``where``.
     """
     if not is_valid_id(value):
-        raise SaltInvocationError(
-            f"{where}: {value!r} is not a valid id; expected 1-{MAX_ID_BYTES} bytes of letters, "
-            "digits, '_', '.', '-', not starting with '.' or '-'"
-        )
+        raise SaltInvocationError(_refusal(value, where))
     return value
+
+
+def problems(named):
+    """
+    One message, as ``check_id`` words it, per value of ``named`` (``{where: value}``) that is
+    not a safe id; values that are None (an optional setting left out) are not checked.
+    """
+    return [
+        _refusal(value, where)
+        for where, value in named.items()
+        if value is not None and not is_valid_id(value)
+    ]

@@ -164,8 +164,11 @@ def is_fingerprint(value):
     return isinstance(value, str) and _FP_RE.match(value) is not None
 
 
-def _shown(value):
-    # Short and cheap, whatever a peer sent (no repr of a 100,000-item mapping).
+def shown(value):
+    """
+    ``value`` for an error message: short and cheap, whatever a peer or a caller sent (no repr of
+    a 100,000-item mapping).
+    """
     if isinstance(value, (dict, list, tuple)) and len(value) > 8:
         return f"a {type(value).__name__} of {len(value)} items"
     text = repr(value)
@@ -195,16 +198,16 @@ class Entry(NamedTuple):
         ``ReturnError`` naming ``where`` and the problem for anything else.
         """
         if not isinstance(value, (list, tuple)) or len(value) not in (2, 3):
-            raise ReturnError(f"{where}: {_shown(value)} is not a list of 2 or 3 items")
+            raise ReturnError(f"{where}: {shown(value)} is not a list of 2 or 3 items")
         state, fp, denied_fp = (*value, None)[:3]
         if not isinstance(state, str) or state not in STATES:
-            raise ReturnError(f"{where}: state {_shown(state)} is not one of {', '.join(STATES)}")
+            raise ReturnError(f"{where}: state {shown(state)} is not one of {', '.join(STATES)}")
         for name, field in (("fingerprint", fp), ("denied fingerprint", denied_fp)):
             if field is not None and not is_fingerprint(field):
-                raise ReturnError(f"{where}: {name} {_shown(field)} is not a SHA-256 fingerprint")
+                raise ReturnError(f"{where}: {name} {shown(field)} is not a SHA-256 fingerprint")
         if state == "denied" and (len(value) != 3 or fp is not None):
             raise ReturnError(
-                f"{where}: a denied entry is ['denied', None, denied_fp], not {_shown(value)}"
+                f"{where}: a denied entry is ['denied', None, denied_fp], not {shown(value)}"
             )
         return cls(state, fp, denied_fp)
 
@@ -284,7 +287,7 @@ def check_inventory_return(ret, kind, max_entries=MAX_ENTRIES):
     hide a whole master, and ``plan`` reports such ids.
     """
     if not isinstance(ret, dict):
-        raise ReturnError(f"the return is not a mapping: {_shown(ret)}")
+        raise ReturnError(f"the return is not a mapping: {shown(ret)}")
     if kind == "digests":
         return _checked_digests(ret)
     if kind == "entries":
@@ -295,7 +298,7 @@ def check_inventory_return(ret, kind, max_entries=MAX_ENTRIES):
 def _field(ret, name, ok, expected):
     value = ret.get(name)
     if not ok(value):
-        raise ReturnError(f"{name}: got {_shown(value)}; expected {expected}")
+        raise ReturnError(f"{name}: got {shown(value)}; expected {expected}")
     return value
 
 
@@ -332,9 +335,9 @@ def _checked_buckets(ret):
     for key, digest in buckets.items():
         bucket = _bucket(key)
         if bucket in checked:
-            raise ReturnError(f"bucket {_shown(key)} appears twice")
+            raise ReturnError(f"bucket {shown(key)} appears twice")
         if not _matches(_HEX16_RE)(digest):
-            raise ReturnError(f"bucket {bucket}: got {_shown(digest)}; expected 16 hex digits")
+            raise ReturnError(f"bucket {bucket}: got {shown(digest)}; expected 16 hex digits")
         checked[bucket] = digest
     return checked
 
@@ -344,7 +347,7 @@ def _bucket(key):
     if isinstance(key, str) and key.isascii() and key.isdecimal() and len(key) <= 4:
         key = int(key)
     if not isinstance(key, int) or isinstance(key, bool) or not 0 <= key < BUCKETS:
-        raise ReturnError(f"bucket {_shown(key)}: expected a number below {BUCKETS}")
+        raise ReturnError(f"bucket {shown(key)}: expected a number below {BUCKETS}")
     return key
 
 
@@ -377,7 +380,7 @@ def _file_name(minion_id):
         size = 0
     if not 0 < size <= MAX_NAME_BYTES or "/" in minion_id or "\0" in minion_id:
         raise ReturnError(
-            f"id {_shown(minion_id)}: not a key file name "
+            f"id {shown(minion_id)}: not a key file name "
             f"(1-{MAX_NAME_BYTES} bytes of UTF-8, no '/' or NUL)"
         )
     return minion_id
@@ -385,17 +388,17 @@ def _file_name(minion_id):
 
 def _listed(minion_id, entries):
     if minion_id not in entries:
-        raise ReturnError(f"pubs of {_shown(minion_id)}: no entry for that id")
+        raise ReturnError(f"pubs of {shown(minion_id)}: no entry for that id")
     return minion_id
 
 
 def _pems(minion_id, pems):
     where = f"pubs of {minion_id!r}"
     if not isinstance(pems, dict):
-        raise ReturnError(f"{where}: got {_shown(pems)}; expected {{'key': pem, 'denied': pem}}")
+        raise ReturnError(f"{where}: got {shown(pems)}; expected {{'key': pem, 'denied': pem}}")
     for kind, pem in pems.items():
         if kind not in ("key", "denied"):
-            raise ReturnError(f"{where}: unknown kind {_shown(kind)}; expected 'key' or 'denied'")
+            raise ReturnError(f"{where}: unknown kind {shown(kind)}; expected 'key' or 'denied'")
         if not isinstance(pem, str) or len(pem.encode("utf-8", "replace")) > MAX_PUB_BYTES:
             raise ReturnError(f"{where}: {kind} is not a text of at most {MAX_PUB_BYTES} bytes")
     return dict(pems)

@@ -11,15 +11,12 @@ include:
   - {{ tplroot }}.cluster.config
 {%-   endif %}
 
+{#- master:config and gitfs remotes may hold secrets: the state computes the options at run
+    time (no state argument, no diff) into a 0600 file the master's user owns. #}
 multimaster-master-config-file-managed:
-  file.serialize:
+  multimaster.master_config_managed:
     - name: {{ master.config_dir }}/master.d/{{ mapdata.lookup.config_file }}
-    - dataset: {{ mapdata.config.master | json }}
-    - serializer: yaml
-    - mode: '0640'
-    - makedirs: true
-    {#- master:config and gitfs remotes may hold secrets: no diff in the job return. #}
-    - show_changes: false
+    - user: {{ master.user }}
 
 {%-   if mapdata.job_cache.enabled %}
 

@@ -22,7 +22,7 @@ multimaster-master-service-running-master-restarted:
   multimaster.master_restarted:
     - service: {{ mapdata.lookup.master.service }}
     - onchanges:
-      - file: multimaster-master-config-file-managed
+      - multimaster: multimaster-master-config-file-managed
 {%-   if mapdata.mode == "cluster" %}
       - multimaster: multimaster-cluster-config-file-managed
 {%-   endif %}

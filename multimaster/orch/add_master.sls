@@ -20,7 +20,7 @@ multimaster-orch-add-master-refused:
   test.fail_without_changes:
     - name: >-
         pillar multimaster_new: got {{ new_id | json }}; expected the id of a master listed in
-        multimaster:masters ({{ mapdata.masters | map(attribute="id") | join(", ") }}), not the
+        multimaster:masters ({{ mapdata.masters | map(attribute="id") | list | json }}), not the
         primary
     - failhard: true
 {%- else %}

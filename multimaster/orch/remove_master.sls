@@ -22,14 +22,27 @@
 {%- set cluster = mapdata.mode == "cluster" %}
 {%- set balancer_minion = pillar.get("multimaster_balancer_minion") %}
 {%- set remaining = mapdata.masters | map(attribute="minion_id") | list %}
+{#- Every value below is quoted (| json); the ids are checked first, so that a crafted value is
+    refused by name rather than passed on as a target. #}
+{%- set problems = salt["multimaster.id_problems"]({
+      "pillar multimaster_remove": gone,
+      "pillar multimaster_remove_minion_id": pillar.get("multimaster_remove_minion_id"),
+      "pillar multimaster_balancer_minion": balancer_minion,
+    }) %}
 
-{%- if not gone or gone in ids %}
+{%- if problems %}
+
+multimaster-orch-remove-master-pillar-refused:
+  test.fail_without_changes:
+    - name: {{ problems | join("; ") | json }}
+    - failhard: true
+{%- elif not gone or gone in ids %}
 
 multimaster-orch-remove-master-refused:
   test.fail_without_changes:
     - name: >-
         pillar multimaster_remove: got {{ gone | json }}; expected the id of a master no longer
-        listed in multimaster:masters ({{ ids | join(", ") }}): remove it from pillar first
+        listed in multimaster:masters ({{ ids | json }}): remove it from pillar first
     - failhard: true
 {%- elif cluster and not balancer_minion %}
 
@@ -37,7 +50,7 @@ multimaster-orch-remove-master-balancer-unknown:
   test.fail_without_changes:
     - name: >-
         pillar multimaster_balancer_minion: got {{ balancer_minion | json }}; expected the minion
-        id of the HAProxy host of the cluster, where multimaster.haproxy drains {{ gone }}
+        id of the HAProxy host of the cluster, where multimaster.haproxy drains {{ gone | json }}
     - failhard: true
 {%- elif cluster %}
 

@@ -92,7 +92,7 @@ def test_first_run_writes_only_config(hot):
     assert runs["minion_conf"]["master_type"] == "str"
     assert runs["master_conf"]["multimaster"]["mode"] == "hot"
     assert runs["master_conf"]["ret_port"] == 4506
-    assert runs["modes"] == {"minion.d/multimaster.conf": 0o644, "master.d/multimaster.conf": 0o640}
+    assert runs["modes"] == {"minion.d/multimaster.conf": 0o644, "master.d/multimaster.conf": 0o600}
 
 
 def test_restart_without_running_daemons_is_a_no_op(hot):
@@ -153,3 +153,36 @@ def test_bad_pillar_writes_nothing(salt_env, sls):
     message = "multimaster:failover: got {\"alive_interval\": 5}; expected no 'failover' section"
     assert any(message in error for error in ret.errors), ret.errors
     assert env.written() == []
+
+
+def holders(env, marker):
+    """
+    The files under ``env`` that hold ``marker``, relative to its base.
+    """
+    return {
+        str(path.relative_to(env.base))
+        for path in env.base.rglob("*")
+        if path.is_file() and marker.encode() in path.read_bytes()
+    }
+
+
+def test_master_config_secrets_reach_the_master_config_only(salt_env):
+    """
+    ``master:config`` values and gitfs credentials are written to ``master.d`` at run time:
+    not in the rendered states (``state.show_sls`` returns them; Salt caches them), not in the
+    state return, in no file but that one and the pillar they came from.
+    """
+    token, credential = "ext-pillar-token-marker-4b2d", "gitfs-credential-marker-8c1f"
+    remote = f"https://deploy:{credential}@git.example.com/formula.git"
+    master = {"config": {"ext_pillar_token": token}, "gitfs": {"remotes": [remote]}}
+    env = salt_env("master2", pillar(master=master, **SETTINGS))
+    shown = env.render(["multimaster.master"])
+    ret = state_sls(env, "multimaster.master.config")
+    assert not failed(ret), ret
+    path = env.conf_dir / "master.d" / "multimaster.conf"
+    conf = read_yaml(path)
+    assert (conf["ext_pillar_token"], conf["gitfs_remotes"]) == (token, [remote])
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    for marker in (token, credential):
+        assert marker not in repr(shown) and marker not in repr(ret.raw)
+        assert holders(env, marker) == {"conf/master.d/multimaster.conf", "pillar/multimaster.sls"}

@@ -5,9 +5,13 @@ the pillar asked for. A bad pillar makes every SLS fail to render, naming the ke
 """
 
 import copy
+import json
+import os
 import pathlib
+import pwd
 
 import pytest
+import salt.utils.yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -204,12 +208,21 @@ def minion_dataset(env, results):
 
 
 def master_dataset(env, results):
+    """
+    The ``master.d`` options: no state argument (they may hold secrets), the state computes
+    them when it runs; run here into a file of its own.
+    """
     fun, kwargs = args(
         states(results["multimaster.master"])["multimaster-master-config-file-managed"]
     )
-    assert fun == "file.serialize"
+    assert fun == "multimaster.master_config_managed"
     assert kwargs["name"] == str(env.conf_dir / "master.d" / "multimaster.conf")
-    return kwargs["dataset"]
+    assert kwargs["user"] == pwd.getpwuid(os.getuid()).pw_name
+    path = env.base / "shown" / "multimaster.conf"
+    with env.loaders() as loaders:
+        ret = loaders.states.multimaster.master_config_managed(str(path))
+    assert ret["result"] is True, ret
+    return salt.utils.yaml.safe_load(path.read_text())
 
 
 def test_pillar_example_outputs(rendered):
@@ -265,9 +278,7 @@ def test_hot_outputs(rendered):
     assert fun == "multimaster.master_restarted"
     # The pidfile is not a state argument: the module reads it from this master's own config.
     assert "pidfile" not in kwargs
-    fun, kwargs = args(master_states["multimaster-master-config-file-managed"])
-    # master.d can hold secrets (master:config, gitfs credentials): no diff in the job return.
-    assert kwargs["show_changes"] is False
+    assert {"multimaster": "multimaster-master-config-file-managed"} in kwargs["onchanges"]
     minion_states = states(results["multimaster.minion"])
     fun, kwargs = args(minion_states["multimaster-minion-service-restarted"])
     assert fun == "multimaster.minion_restarted"
@@ -472,3 +483,62 @@ def test_bad_pillar_fails_every_sls(rendered, bad, sls):
     errors = results[sls]
     assert isinstance(errors, list), f"{sls} rendered despite a bad pillar: {errors}"
     assert any(BAD[bad][2] in error for error in errors), errors
+
+
+def render_orch(env, name, **orch_pillar):
+    """
+    The high data of orchestration ``name`` on ``env``, ``orch_pillar`` given on the command
+    line as ``state.orch`` takes it.
+    """
+    with env.loaders() as loaders:
+        return loaders.modules.state.show_sls(f"multimaster.orch.{name}", pillar=orch_pillar)
+
+
+# A pillar value that, pasted unquoted into YAML, ends the line and adds a state of its own.
+CRAFTED = "master3\ninjected-state:\n  cmd.run:\n    - name: touch pwned"
+REMOVE_ORCH_IDS = {
+    "remove": ("hot", {"multimaster_remove": CRAFTED}),
+    "remove-cluster": ("cluster", {"multimaster_remove": CRAFTED}),
+    "minion-id": (
+        "hot",
+        {
+            "multimaster_remove": "master3",
+            "multimaster_remove_minion_id": CRAFTED,
+            "multimaster_stop": True,
+        },
+    ),
+    "balancer-minion": (
+        "cluster",
+        {"multimaster_remove": "127.0.0.4", "multimaster_balancer_minion": CRAFTED},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REMOVE_ORCH_IDS))
+def test_remove_master_refuses_an_id_that_is_not_one(rendered, case):
+    variant, orch_pillar = REMOVE_ORCH_IDS[case]
+    env, _ = rendered(variant)
+    high = states(render_orch(env, "remove_master", **orch_pillar))
+    assert list(high) == ["multimaster-orch-remove-master-pillar-refused"], high
+    fun, kwargs = args(high["multimaster-orch-remove-master-pillar-refused"])
+    assert fun == "test.fail_without_changes"
+    (key,) = (k for k, v in orch_pillar.items() if v == CRAFTED)
+    assert f"pillar {key}: {CRAFTED!r} is not a valid id; expected" in kwargs["name"], kwargs
+
+
+@pytest.mark.parametrize(("variant", "gone"), [("hot", "master3"), ("cluster", "127.0.0.4")])
+def test_remove_master_renders_its_steps_for_an_id(rendered, variant, gone):
+    env, _ = rendered(variant)
+    orch_pillar = {"multimaster_remove": gone, "multimaster_balancer_minion": "lb1"}
+    high = states(render_orch(env, "remove_master", **orch_pillar))
+    assert "multimaster-orch-remove-master-status" in high
+    assert not [sid for sid in high if sid.endswith(("-refused", "-unknown"))], list(high)
+
+
+def test_add_master_refuses_a_crafted_id_by_name(rendered):
+    env, _ = rendered("hot")
+    high = states(render_orch(env, "add_master", multimaster_new=CRAFTED))
+    assert list(high) == ["multimaster-orch-add-master-refused"], high
+    _, kwargs = args(high["multimaster-orch-add-master-refused"])
+    assert f"got {json.dumps(CRAFTED)}; expected the id of a master listed" in kwargs["name"]
+    assert '(["master1", "master2"])' in kwargs["name"], kwargs

@@ -175,6 +175,6 @@ def test_test_mode_reports_and_changes_nothing(
     states = state_returns(ret)
     config_state = state_by_id(states, CONFIG_STATE)
     assert config_state["result"] is None
-    assert config_state["changes"] == {"diff": "<show_changes=False>"}
+    assert config_state["changes"] == {"diff": "<secret: not shown>"}
     assert marker not in ret.stdout + ret.stderr
     assert tree_snapshot(master_conf.parent) == before

@@ -66,3 +66,14 @@ def test_limit_is_bytes_not_characters():
     assert multimaster_ids.MAX_ID_BYTES == 64
     assert multimaster_ids.is_valid_id("a" * 64)
     assert not multimaster_ids.is_valid_id("a" * 65)
+
+
+def test_problems_name_each_bad_value_and_skip_what_is_left_out():
+    found = multimaster_ids.problems({"new": "master3", "gone": "m*", "stop": None, "n": "a\nb"})
+    assert found == [
+        "gone: 'm*' is not a valid id; expected 1-64 bytes of letters, digits, '_', '.', '-', "
+        "not starting with '.' or '-'",
+        "n: 'a\\nb' is not a valid id; expected 1-64 bytes of letters, digits, '_', '.', '-', "
+        "not starting with '.' or '-'",
+    ]
+    assert multimaster_ids.problems({"new": "master3", "stop": None}) == []

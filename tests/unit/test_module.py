@@ -12,7 +12,7 @@ import socket
 import multimaster_settings
 import pytest
 import salt.utils.yaml
-from salt.exceptions import CommandExecutionError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from .helpers import ROOT, load_module, read_defaults
 
@@ -308,10 +308,60 @@ def test_restart_master_takes_no_pidfile_argument(mod):
         mod.restart_master(pidfile="/tmp/attacker.pid")
 
 
-def test_settings_returns_are_redacted_unless_rendering(mod, pillar, defaults):
-    pillar["multimaster"]["master"] = {"config": {"ext_pillar_token": "hunter2"}}
-    assert "hunter2" not in str(mod.settings(defaults))
-    assert "hunter2" in str(mod.settings(defaults, redact=False))
+SECRETS = {
+    "cluster": "cluster-secret-marker-" + "5" * 20,
+    "job_cache": "job-cache-password-marker-2f7a",
+    "config": "ext-pillar-token-marker-91c3",
+    "gitfs": "gitfs-credential-marker-0e6d",
+}
+
+
+def plant_secrets(section, mode):
+    """
+    Every secret the pillar may hold, planted in ``section`` (mode ``hot`` or ``cluster``).
+    """
+    section["job_cache"] = {"enabled": True, "host": "db", "password": SECRETS["job_cache"]}
+    section["master"] = {
+        "config": {"ext_pillar_token": SECRETS["config"]},
+        "gitfs": {"remotes": [f"https://deploy:{SECRETS['gitfs']}@git.example.com/f.git"]},
+    }
+    if mode == "cluster":
+        section["mode"] = "cluster"
+        section["masters"] = [
+            {"id": "10.0.3.61", "host": "10.0.3.61", "minion_id": "master1"},
+            {"id": "10.0.3.230", "host": "10.0.3.230", "minion_id": "master2"},
+        ]
+        section["cluster"] = {"id": "c1", "balancer": "10.0.3.10", "secret": SECRETS["cluster"]}
+
+
+def answer(call):
+    """
+    What a publish of ``call`` would return: its value, or the message of its refusal.
+    """
+    try:
+        return repr(call())
+    except (CommandExecutionError, SaltInvocationError) as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize("mode", ["hot", "cluster"])
+def test_no_public_function_returns_a_secret(mod, pillar, defaults, mode):
+    # Any execution function can be published and its return lands in the job cache: the
+    # secrets go to their files from the states at run time, never through a return.
+    plant_secrets(pillar["multimaster"], mode)
+    calls = {
+        "settings": lambda: mod.settings(defaults),
+        "settings redact=False": lambda: mod.settings(defaults, redact=False),
+        "master_config": lambda: mod.master_config(defaults),
+        "minion_config": lambda: mod.minion_config(defaults),
+        "validate": lambda: mod.validate(defaults),
+    }
+    if mode == "cluster":
+        calls["haproxy_config"] = lambda: mod.haproxy_config(defaults)
+    answers = {name: answer(call) for name, call in calls.items()}
+    leaked = {name: [s for s in SECRETS.values() if s in text] for name, text in answers.items()}
+    assert not any(leaked.values()), leaked
+    assert answers["settings redact=False"].startswith("redact=False is not accepted"), answers
 
 
 def test_active_master(mod, opts):
@@ -431,3 +481,11 @@ def test_forget_cluster_peer_refused_outside_cluster_mode(mod, defaults):
     mod.__context__["multimaster.defaults"] = defaults
     with pytest.raises(CommandExecutionError, match="not the control minion of a cluster master"):
         mod.forget_cluster_peer("10.0.3.63")
+
+
+def test_id_problems_takes_a_mapping_only(mod):
+    assert mod.id_problems({"pillar multimaster_new": "master3"}) == []
+    (problem,) = mod.id_problems({"pillar multimaster_new": "web*"})
+    assert problem.startswith("pillar multimaster_new: 'web*' is not a valid id; expected")
+    with pytest.raises(CommandExecutionError, match=r"^ids: got 'web\*'; expected a mapping"):
+        mod.id_problems("web*")

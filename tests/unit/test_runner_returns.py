@@ -240,10 +240,32 @@ def test_transfers_are_refused_in_mode_cluster_before_any_publish(
     assert client.calls == []
 
 
-def test_sync_master_key_refuses_recipients_from_arguments(runner, use):
-    client = use({})
-    ret = runner.sync_master_key(masters=[{"id": "m1", "host": "h", "minion_id": "evil"}])
-    assert ret["retcode"] == 1 and "masters= is not accepted" in ret["comment"]
+# A fresh peer named first, the real primary second: taken as given, the fresh peer would be the
+# authority and prune would delete every key accepted on the real primary.
+FRESH_FIRST = [
+    {"id": "fresh", "host": "10.0.0.9", "minion_id": "cfresh"},
+    {"id": "m1", "host": "10.0.0.1", "minion_id": "cm1"},
+]
+
+
+@pytest.mark.parametrize(
+    "fun, args, kwargs",
+    [
+        ("sync_master_key", (), {}),
+        ("sync_keys", (), {"prune": True, "force": True}),
+        ("accept", ("web1",), {}),
+        ("reject", ("web1",), {}),
+        ("delete", ("web1",), {}),
+        ("status", (), {}),
+    ],
+)
+def test_masters_from_arguments_are_refused_before_any_publish(runner, use, fun, args, kwargs):
+    # A runner ACL that allows one function must not let its caller choose the primary.
+    client = use({"cm1": GOOD_DIGESTS, "cm2": GOOD_DIGESTS, "cfresh": GOOD_DIGESTS})
+    ret = getattr(runner, fun)(*args, masters=FRESH_FIRST, **kwargs)
+    assert ret["retcode"] == 1 and runner.__context__["retcode"] == 1
+    assert f"masters= is not accepted by {fun}" in ret["comment"], ret
+    assert "'fresh'" in ret["comment"] and "multimaster:masters" in ret["comment"], ret
     assert client.calls == []
 
 
