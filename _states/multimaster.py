@@ -407,6 +407,41 @@ def master_config_managed(name, user=None):
     return _secret_config_managed(name, "master", user)
 
 
+def master_runners_synced(name):
+    """
+    Ensure the salt-master this minion controls holds the formula's runners and utils from its
+    own file server in its ``extension_modules`` (``multimaster.sync_master_modules`` without a
+    restart): a master's reactor keeps the runners it loaded, so a master whose reactors call
+    them needs them before the restart this state's changes trigger.
+
+    name
+        A label (the master id).
+
+    CLI Example:
+
+    .. code-block:: yaml
+
+        multimaster-master-config-runners-synced:
+          multimaster.master_runners_synced:
+            - name: master2
+    """
+    ret = {"name": name, "result": True, "changes": {}, "comment": ""}
+    if __opts__.get("test"):
+        ret.update(result=None, comment="the master's runners would be synced from its roots")
+        return ret
+    try:
+        synced = __salt__["multimaster.sync_master_modules"](restart=False)["synced"]
+    except CommandExecutionError as exc:
+        ret.update(result=False, comment=str(exc))
+        return ret
+    if synced:
+        ret["changes"] = synced
+        ret["comment"] = "runners synced into the master's extension_modules"
+    else:
+        ret["comment"] = "the master's runners are current"
+    return ret
+
+
 def cluster_config_managed(name, user=None):
     """
     Ensure ``name`` (a ``master.d`` file, mode 0600) holds this master's cluster options from the

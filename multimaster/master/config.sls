@@ -35,6 +35,14 @@ multimaster-master-config-job-cache-schema-present:
 {%-     endif %}
 {%-   endif %}
 
+{%-   if mapdata.reactor.keys or mapdata.reactor.first_highstate %}
+
+{#- The reactors call the formula's runners: in place before the restart below. #}
+multimaster-master-config-runners-synced:
+  multimaster.master_runners_synced:
+    - name: {{ master.id | json }}
+{%-   endif %}
+
 multimaster-master-config-key-files-secure:
   multimaster.master_key_files_secure:
     - pki_dir: {{ master.pki_dir }}

@@ -29,6 +29,9 @@ multimaster-master-service-running-master-restarted:
 {%-   if mapdata.job_cache.enabled %}
       - multimaster: multimaster-master-config-job-cache-managed
 {%-   endif %}
+{%-   if mapdata.reactor.keys or mapdata.reactor.first_highstate %}
+      - multimaster: multimaster-master-config-runners-synced
+{%-   endif %}
 {%- else %}
 
 multimaster-master-service-unmanaged:

@@ -4,6 +4,12 @@
     pillar multimaster:reactor:first_highstate is true). Every master the minion connects to
     reacts; the minion itself claims the one highstate atomically, so it runs once for the set.
     The id is the authenticated sender's (`data.id`), and must match the tag. #}
+{#- A reaction that cannot run says so in this master's log, at error level. #}
+{%- set runners = opts.extension_modules ~ "/runners/multimaster.py" %}
+{%- if not salt["file.file_exists"](runners) %}
+{%-   do salt["log.error"]("multimaster: the first-highstate reactor cannot run: " ~ runners
+        ~ " is missing; run salt-run saltutil.sync_all on this master, then restart it") %}
+{%- endif %}
 {%- set minion = data.get("id") %}
 {%- if minion is string and tag == "salt/minion/" ~ minion ~ "/start" %}
 

@@ -345,3 +345,12 @@ def bootstrap(host, master_address, master=False, ship_config=True):
         path.write_text(text)
     daemons = ["salt-master -d"] if master else []
     host.sh("; ".join([*daemons, "salt-minion -d"]))
+
+
+def formula_git():
+    """
+    The repository under test as the URL a host clones the formula from (its committed HEAD).
+    """
+    root = pathlib.Path(__file__).resolve().parents[2]
+    _run(["git", "-C", str(root), "rev-parse", "HEAD"])
+    return str(root)
