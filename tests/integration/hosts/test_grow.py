@@ -1,17 +1,20 @@
 """
-Masters whose reactor config came with the image (in ``master.d`` before the formula's runners
-were ever synced to them), on separate hosts with Salt's default paths: once the set is built
-with the formula, ``salt-key -a`` on master2 reaches master1. A reaction that cannot run says so
-in the master's log at error level.
+A hot set grows and shrinks on separate hosts with Salt's default paths. Its masters' reactor
+config came with the image (in ``master.d`` before the formula's runners were ever synced to
+them): once the set is built with the formula, ``salt-key -a`` on master2 reaches master1, and a
+reaction that could not run said so in the master's log at error level. Then the README's
+"Adding a master" walk-through runs as written: master3 joins and leaves.
 """
 
 from tests.support import hosts as nshosts
+from tests.support import walkthrough
 
 HOSTS = {
     "master1": "10.0.3.61",
     "master2": "10.0.3.230",
     "minion1": "10.0.3.71",
     "minion3": "10.0.3.73",
+    "master3": "10.0.3.232",
 }
 PRIMARY = "10.0.3.61"
 IMAGE_REACTOR = """\
@@ -103,3 +106,24 @@ def test_key_reactor_from_the_image_propagates_once_the_set_is_built(host_set):
         )
     host_set["master2"].sh("salt-key -a minion3 -y")
     host_set.wait("minion3 accepted on master1", lambda: _accepted(primary, "minion3"), 30)
+
+
+def test_the_add_and_remove_master_walk_through_runs_as_written(host_set):
+    """
+    Runs after the set above is built: master3 joins with the README's blocks, every minion
+    then answers master3, and it leaves again, its salt-master stopped.
+    """
+    blocks = walkthrough.blocks("Adding a master")
+    assert blocks[0].host == "master3" and "bootstrap-salt.sh" in blocks[0].script
+    nshosts.bootstrap(host_set["master3"], PRIMARY, master=True)
+    joined, left = blocks[1], blocks[2]
+    host_set["master1"].sh(joined.script, timeout=1200)
+    answers = host_set["master3"].sh("salt '*' test.ping --out=txt", check=False).stdout
+    for minion in ("master1", "master2", "master3", "minion1", "minion3"):
+        assert f"{minion}: True" in answers, answers
+    host_set["master1"].sh(left.script, timeout=900)
+    assert (
+        not host_set["master3"].sh("systemctl is-active salt-master", check=False).returncode == 0
+    )
+    listed = host_set["minion1"].path("/etc/salt/minion.d/multimaster.conf").read_text()
+    assert "10.0.3.232" not in listed, listed
