@@ -187,7 +187,7 @@ def _call(section, masters, fun, kwarg, timeout, check=None):
         if not isinstance(ret, dict) or "ret" not in ret:
             errors[master_id] = f"control minion {minion_id} did not answer"
         elif ret.get("retcode", 0) != 0 or isinstance(ret["ret"], str):
-            errors[master_id] = str(ret["ret"])[:2000]
+            errors[master_id] = _peer_error(fun, minion_id, str(ret["ret"]))
         elif not isinstance(ret["ret"], dict):
             errors[master_id] = f"{fun} on {minion_id}: malformed return ({type(ret['ret'])})"
         elif ret["ret"].get("alive") is False:
@@ -198,6 +198,20 @@ def _call(section, masters, fun, kwarg, timeout, check=None):
             except (ValueError, TypeError, KeyError) as exc:
                 errors[master_id] = f"{fun} on {minion_id}: malformed return ({_reason(exc)})"
     return answers, errors
+
+
+def _peer_error(fun, minion_id, text):
+    """
+    A control minion's refusal as it said it; a Python traceback instead becomes a sentence
+    saying where to read it.
+    """
+    if "Traceback" in text or "caused an exception" in text:
+        return (
+            f"{fun} failed on {minion_id} with an unexpected error (its traceback is in that "
+            f"host's minion log); run 'salt {minion_id} saltutil.sync_all' if the formula there "
+            "is older than on this master"
+        )
+    return text[:2000]
 
 
 def _reason(exc):
@@ -2031,7 +2045,8 @@ def _cluster_status(section):
     try:
         members = salt.runner.RunnerClient(__opts__).cmd("cluster.members", print_event=False)
     except Exception as exc:  # pylint: disable=broad-except
-        members = {"error": f"cluster.members failed: {exc}"}
+        log.warning("multimaster: cluster.members failed: %s", exc)
+        members = {"error": "cluster.members failed on this master (its log has why)"}
     if not isinstance(members, dict):
         members = {"error": f"cluster.members returned {members!r}"}
     known = set(members.get("voters", [])) | set(members.get("learners", []))

@@ -853,3 +853,15 @@ def test_wait_masters_proposes_a_raft_entry_every_5_s_only_in_a_cluster(
     use({"cm1": {"settled": True}, "cm2": {"settled": True}})
     assert runner.wait_masters(timeout=12, interval=1)["retcode"] == 0
     assert state["fired"] == []
+
+
+def test_a_peer_traceback_becomes_a_sentence_naming_the_minion(runner, use):
+    """
+    No Python exception text reaches the operator: a control minion's traceback is reported as
+    what failed where, and what to run.
+    """
+    use({"cm2": "The minion function caused an exception: Traceback (most recent call last):"})
+    ret = runner.sync_keys(test=True)
+    error = ret["masters"]["m2"]["error"]
+    assert "Traceback" not in error and "cm2" in error and "saltutil.sync_all" in error, error
+    assert ret["retcode"] == 1
