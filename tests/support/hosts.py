@@ -330,7 +330,9 @@ def bootstrap(host, master_address, master=False, ship_config=True):
     files = {"/etc/salt/minion_id": host.name}
     # The packages create both include dirs; a pip install creates neither.
     if ship_config:
-        host.path("/etc/salt/master.d" if master else "/etc/salt/minion.d").mkdir(parents=True)
+        host.path("/etc/salt/master.d" if master else "/etc/salt/minion.d").mkdir(
+            parents=True, exist_ok=True
+        )
     files["/etc/salt/minion.d/99-master-address.conf"] = f"master: {master_address}\n"
     if ship_config:
         files["/etc/salt/minion"] = "##### Primary configuration settings #####\n#master: salt\n"
