@@ -9,9 +9,10 @@ event wakes the socket, and ``cmd`` waits out its whole timeout for a minion tha
 milliseconds (Salt 3008 reads the buffer instead). The master stores every return in its job
 cache right after it fires the event, so while the event stream is idle the missing returns are
 read from the job cache, first after 0.1 s, then at intervals growing by half up to a second
-(``local_cache`` retries a return file it finds half written; ``pgjsonb`` writes each return in
-one transaction). Salt 3008 still loses a large return from the stream at times (the sealed
-manifests of 5,000 files, about 1 MB): found in the cache, it costs 0.1 s, not a second.
+(``local_cache`` retries a return file it finds half written; ``multimaster_pgjsonb`` writes
+each return in one transaction). Salt 3008 still loses a large return from the stream at times
+(the sealed manifests of 5,000 files, about 1 MB): found in the cache, it costs 0.1 s, not a
+second.
 """
 
 import logging
