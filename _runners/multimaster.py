@@ -534,11 +534,13 @@ def sync_keys(minion=None, prune=False, test=False, force=False, masters=None, t
     return _finish(ret, failed)
 
 
-def _one_id(op, minion_id, fingerprint, test, masters, timeout, force=False):
+def _one_id(op, minion_id, fingerprint, test, masters, timeout, force=False, settle=True):
     try:
         section = _addressable(_configured(masters, op), op)
         multimaster_ids.check_id(minion_id, "minion id")
-        _await_restarts(section)
+        if settle:
+            # An operator's command waits out restarts; a reactor never waits on a minion.
+            _await_restarts(section)
     except SaltInvocationError as exc:
         return _refused(exc)
     refused = {}
@@ -921,7 +923,7 @@ def key_event(minion, act, timeout=60):
         return ret
     fingerprint = held[1] if held else None
     for _ in range(_RACE_ROUNDS):
-        ret = _one_id(op, minion, fingerprint, False, None, timeout)
+        ret = _one_id(op, minion, fingerprint, False, None, timeout, settle=False)
         if not _raced(ret):
             break
     ret["event"] = {"master": here, "id": minion, "act": act}
