@@ -445,7 +445,9 @@ def master_runners_synced(name):
         ret.update(result=None, comment="the master's runners would be synced from its roots")
         return ret
     try:
-        synced = __salt__["multimaster.sync_master_modules"](restart=False)["synced"]
+        synced = __salt__["multimaster.sync_master_modules"](
+            restart=False, forms=["runners", "utils"]
+        )["synced"]
     except CommandExecutionError as exc:
         ret.update(result=False, comment=str(exc))
         return ret
