@@ -161,6 +161,18 @@ def _id_list(value, name):
     raise Refused(f"{name}: got {value!r}; expected a master id or a list of master ids")
 
 
+def _this_master(section):
+    """
+    The id of this master's entry in ``section``, or None. Salt names a master
+    ``<hostname>_master`` unless its config sets ``id``, so that name matches entry ``<hostname>``.
+    """
+    here = __opts__.get("id") or ""
+    for candidate in (here, here.removesuffix("_master")):
+        if candidate in _ids(section):
+            return candidate
+    return None
+
+
 def _by_id(section):
     return {m["id"]: m for m in section["masters"]}
 
@@ -309,7 +321,8 @@ def _inventories(section, timeout, ids=None):
         # keys that return is megabytes through the job return path); a master with no entry
         # in the differing buckets (a new one) has nothing to return. Both keep the challenge
         # the digest round issued.
-        own = __opts__.get("id") if __opts__.get("id") in digests else None
+        own = _this_master(section)
+        own = own if own in digests else None
         full = {}
         for master, digest in digests.items():
             if master == own:
@@ -897,11 +910,13 @@ def key_event(minion, act, timeout=60):
         op = _KEY_ACTS.get(act)
         if op is None:
             raise Refused(f"act {act!r}: expected one of {', '.join(sorted(_KEY_ACTS))}")
-        if here not in _ids(section):
+        if _this_master(section) is None:
             raise Refused(
                 f"this master's id {here!r} is not in multimaster:masters {_ids(section)}: "
-                "each entry's id must be its master's id option"
+                "each entry's id must be its master's id option (or its host name, where Salt "
+                "names the master <hostname>_master)"
             )
+        here = _this_master(section)
     except SaltInvocationError as exc:
         return _refused(exc)
     # One read of the store: the PEM is what a cluster replay sends.

@@ -408,6 +408,18 @@ def test_key_event_on_a_master_outside_the_set_is_refused(runner, use, store, mo
     assert client.calls == []
 
 
+def test_key_event_on_a_master_salt_named_after_its_host_acts(runner, use, store, monkeypatch):
+    """
+    A master whose config sets no ``id`` is ``<hostname>_master`` to Salt: entry ``m2``.
+    """
+    client = use({})
+    store(["accepted", "ab:cd"])
+    monkeypatch.setitem(runner.__opts__, "id", "m2_master")
+    ret = runner.key_event("web1", "accepted")
+    assert "is not in multimaster:masters" not in str(ret.get("comment")), ret
+    assert "multimaster_peer.key_inventory" in client.calls
+
+
 def test_key_event_accept_propagates_the_key_this_master_holds(runner, use, store):
     """
     The accepted key's fingerprint is what the plan is checked against: another master holding
