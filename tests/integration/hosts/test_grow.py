@@ -106,6 +106,8 @@ def test_key_reactor_from_the_image_propagates_once_the_set_is_built(host_set):
         )
     host_set["master2"].sh("salt-key -a minion3 -y")
     host_set.wait("minion3 accepted on master1", lambda: _accepted(primary, "minion3"), 30)
+    # As for any new minion of the set (the first-highstate reactor does it where it is on).
+    primary.sh(WAIT_ANSWERS.format(tgt="minion3", count=1) + "salt minion3 saltutil.sync_all")
 
 
 def test_the_add_and_remove_master_walk_through_runs_as_written(host_set):
