@@ -177,10 +177,11 @@ def _signed_answer(function):
             result, name, _speaks_for(), answer_nonce, _read_own("minion.pem"), failed=failed
         )
 
-    # Salt follows ``__wrapped__`` to the inner signature, which lacks the nonce.
+    # Salt follows ``__wrapped__`` to the inner signature, which lacks the nonce; and Salt 3006
+    # passes a publish only the keyword arguments its argspec lists as positional-or-keyword.
     del answer.__wrapped__
     signature = inspect.signature(function)
-    nonce = inspect.Parameter("answer_nonce", inspect.Parameter.KEYWORD_ONLY, default=None)
+    nonce = inspect.Parameter("answer_nonce", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)
     answer.__signature__ = signature.replace(parameters=[*signature.parameters.values(), nonce])
     return answer
 
