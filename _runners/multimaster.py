@@ -34,6 +34,7 @@ try:
     import multimaster_ids
     import multimaster_keys
     import multimaster_keystore
+    import multimaster_reactor
     import multimaster_returns
     import multimaster_roots
     import multimaster_seal
@@ -914,20 +915,33 @@ def key_event(minion, act, timeout=60):
     return ret
 
 
-def first_highstate(minion, timeout=60):
+# A start event for a minion (and key) this master reacted to less than this many seconds ago
+# is not reacted to again: a minion starts once, and a flood of start events, forged or not,
+# costs one publish per minion and window.
+START_REPEAT_WINDOW = 30
+# What a minion that started gets: one job, so that it runs in this order, with the custom
+# modules synced first (a new minion has none): this SLS, whose one state calls
+# multimaster.first_highstate. (A job of two functions would do the same, but Salt 3008's
+# saltutil.is_running fails on one, and with it every state run on that minion meanwhile.)
+FIRST_HIGHSTATE_SLS = "multimaster.minion.first_highstate"
+FIRST_HIGHSTATE_KWARG = {"sync_mods": "all", "queue": True}
+
+
+def first_highstate(minion):
     """
     Give a minion that just started its one first highstate: what the first-highstate reactor
     (``multimaster/reactor/first_highstate.sls``) runs on every master that sees the minion
-    start. Syncs the custom modules (``saltutil.sync_all``) to the minion, then starts
-    ``multimaster.first_highstate`` there without waiting: the minion claims its mark atomically
-    and runs ``state.highstate`` only if it was first (a restart, a failover or a second master
-    finds the mark and does nothing).
+    start. Any accepted minion can fire a start event with any id in it, so the event is only a
+    hint: the id must be accepted in this master's own key store, a repeat for the same id and
+    key within ``START_REPEAT_WINDOW`` seconds does nothing, and nothing waits on the minion.
+    One job is published to it: ``state.sls multimaster.minion.first_highstate sync_mods=all
+    queue=True``, which syncs the custom modules and calls ``multimaster.first_highstate``: the
+    minion claims its mark atomically and runs ``state.highstate`` only if it was first and its
+    salt-minion started moments ago (a restart, a failover, a second master or a forged event
+    finds the mark or an old process and does nothing).
 
     minion
-        The id of the minion that started.
-
-    timeout
-        Seconds to wait for the module sync.
+        The id of the minion that started (the event's).
 
     CLI Example:
 
@@ -935,18 +949,70 @@ def first_highstate(minion, timeout=60):
 
         salt-run multimaster.first_highstate web1
     """
+    here = __opts__["id"]
     try:
         multimaster_ids.check_id(minion, "minion id")
     except SaltInvocationError as exc:
         return _refused(exc)
+    state, fingerprint = _own_entry(minion)[:2]
+    if state != "accepted":
+        ret = {
+            "comment": f"{minion} is {state} on {here}, not accepted: a start event it did not "
+            "send; nothing done"
+        }
+        return _finish(ret, False)
+    try:
+        jid = _first_highstate_once(minion, fingerprint)
+    except SaltClientError as exc:
+        return _finish(
+            {"error": f"{minion}: publishing state.sls {FIRST_HIGHSTATE_SLS}: {exc}"}, True
+        )
+    if jid is None:
+        ret = {
+            "comment": f"a start of {minion} with this key was reacted to less than "
+            f"{START_REPEAT_WINDOW} s ago: a repeated start event; nothing done"
+        }
+        return _finish(ret, False)
+    return _finish({"minion": minion, "jid": jid, "master": here}, False)
+
+
+def _own_entry(minion):
+    """
+    ``[state, fingerprint, ...]`` of ``minion`` in this master's own key store;
+    ``["unknown", None]`` when it holds no key for it.
+    """
+    entries, _ = multimaster_keystore.inventory(__opts__, ids={minion})
+    return entries.get(minion) or ["unknown", None]
+
+
+def _first_highstate_once(minion, fingerprint):
+    """
+    Publish ``FIRST_HIGHSTATE_SLS`` to ``minion`` and return its jid; None, publishing nothing,
+    when a start of it with the key ``fingerprint`` was reacted to within the window.
+    """
+    with multimaster_reactor.claimed(
+        __opts__, "start", minion, fingerprint, START_REPEAT_WINDOW
+    ) as claimed:
+        return _publish_first_highstate(minion) if claimed else None
+
+
+def _publish_first_highstate(minion):
+    """
+    Publish ``FIRST_HIGHSTATE_SLS`` to ``minion`` and return its jid, waiting for nothing: a
+    minion that holds its jobs (or answers ``saltutil.find_job`` for ever) must not hold a
+    reactor worker, which the key reactor shares.
+    """
     with salt.client.get_local_client(__opts__["conf_file"]) as client:
-        synced = multimaster_returns.cmd_returns(
-            client, [minion], "saltutil.sync_all", timeout=timeout
-        ).get(minion)
-        if not isinstance(synced, dict) or synced.get("retcode", 0) != 0:
-            return _finish({"error": f"{minion}: saltutil.sync_all failed: {synced}"}, True)
-        jid = client.cmd_async([minion], "multimaster.first_highstate", tgt_type="list")
-    return _finish({"minion": minion, "jid": jid, "master": __opts__["id"]}, not jid)
+        jid = client.cmd_async(
+            [minion],
+            "state.sls",
+            [FIRST_HIGHSTATE_SLS],
+            tgt_type="list",
+            kwarg=dict(FIRST_HIGHSTATE_KWARG),
+        )
+    if not jid:
+        raise SaltClientError("the master published no job")
+    return jid
 
 
 # --- master key ------------------------------------------------------------------------------

@@ -32,10 +32,16 @@ class FakeClient:
     def __init__(self, returns):
         self.returns = returns
         self.calls = []
+        self.published = []
 
     def cmd(self, tgt, fun, **kwargs):
         self.calls.append(fun)
         return {minion: {"ret": ret, "retcode": 0} for minion, ret in self.returns.items()}
+
+    def cmd_async(self, tgt, fun, arg=(), tgt_type="glob", kwarg=None, **kwargs):
+        """A publish nobody waits for: recorded, answered with a jid."""
+        self.published.append((tgt, fun, arg, tgt_type, kwarg))
+        return "20250101000000000001"
 
 
 @pytest.fixture(scope="module")
@@ -540,6 +546,88 @@ def test_key_event_in_a_cluster_retries_a_bus_that_refuses_the_replay(
     assert ret["retcode"] == retcode, ret
     assert fired == ([("salt/key", "reject")] if retcode == 0 else [])
     assert len(attempts) == min(refusals + 1, runner.REPLAY_ATTEMPTS)
+
+
+# --- first highstate --------------------------------------------------------------------------
+
+FP = "ab:" * 31 + "ab"
+# The custom modules synced, then multimaster.first_highstate, in one job of one function.
+FIRST_HIGHSTATE_JOB = (
+    ["web1"],
+    "state.sls",
+    ["multimaster.minion.first_highstate"],
+    "list",
+    {"sync_mods": "all", "queue": True},
+)
+
+
+def test_first_highstate_publishes_without_waiting_on_the_minion(runner, use, store):
+    """
+    A minion that holds its jobs (or answers ``saltutil.find_job`` for ever) must not hold a
+    reactor worker: one publish of the sync and the claim, in that order, and no wait.
+    """
+    client = use({})
+    store(["accepted", FP])
+    ret = runner.first_highstate("web1")
+    assert ret["retcode"] == 0 and ret["jid"] and ret["minion"] == "web1", ret
+    assert client.published == [FIRST_HIGHSTATE_JOB]
+    assert client.calls == []
+
+
+@pytest.mark.parametrize(
+    "entry", [None, ["pending", FP], ["rejected", FP]], ids=["unknown", "pending", "rejected"]
+)
+def test_first_highstate_for_an_id_not_accepted_here_publishes_nothing(runner, use, store, entry):
+    """
+    The start event's id is whatever its sender put there: a minion that really started on this
+    master is accepted in this master's store, anything else is not reacted to.
+    """
+    client = use({})
+    store(entry)
+    ret = runner.first_highstate("web1")
+    assert ret["retcode"] == 0 and "nothing done" in ret["comment"], ret
+    assert client.published == [] and client.calls == []
+
+
+def test_first_highstate_repeats_of_a_start_publish_once(runner, use, store):
+    """
+    A flood of start events for one id costs one publish per window; another key for the id (a
+    new minion under an old name) is not a repeat.
+    """
+    client = use({})
+    store(["accepted", FP])
+    rets = [runner.first_highstate("web1") for _ in range(20)]
+    assert len(client.published) == 1
+    assert all(r["retcode"] == 0 and "nothing done" in r["comment"] for r in rets[1:]), rets[1]
+    store(["accepted", "cd:" * 31 + "cd"])
+    runner.first_highstate("web1")
+    assert len(client.published) == 2
+
+
+def test_first_highstate_whose_publish_fails_is_tried_again_on_the_next_start(
+    runner, use, store, monkeypatch
+):
+    client = use({})
+    store(["accepted", FP])
+    publish = client.cmd_async
+
+    def refused_once(*args, **kwargs):
+        monkeypatch.setattr(client, "cmd_async", publish)
+        raise runner.SaltClientError("Salt request timed out. The master is not responding.")
+
+    monkeypatch.setattr(client, "cmd_async", refused_once)
+    ret = runner.first_highstate("web1")
+    assert ret["retcode"] == 1 and "web1" in ret["error"] and "timed out" in ret["error"], ret
+    assert runner.first_highstate("web1")["retcode"] == 0
+    assert client.published == [FIRST_HIGHSTATE_JOB]
+
+
+def test_first_highstate_refuses_a_bad_id_before_reading_anything(runner, use, store):
+    client = use({})
+    store(["accepted", FP])
+    ret = runner.first_highstate("web*")
+    assert ret["retcode"] == 1 and "'web*'" in ret["comment"], ret
+    assert client.published == [] and client.calls == []
 
 
 def test_wait_masters_reports_the_masters_that_never_settled(runner, use):
