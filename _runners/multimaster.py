@@ -521,7 +521,7 @@ def sync_keys(minion=None, prune=False, test=False, force=False, masters=None, t
     return _finish(ret, failed)
 
 
-def _one_id(op, minion_id, fingerprint, test, masters, timeout, force=False):
+def _one_id(op, minion_id, fingerprint, test, masters, timeout, force=False, **plan_options):
     try:
         section = _addressable(_configured(masters, op), op)
         multimaster_ids.check_id(minion_id, "minion id")
@@ -531,7 +531,9 @@ def _one_id(op, minion_id, fingerprint, test, masters, timeout, force=False):
     refused = {}
 
     def plan_fn(inventories):
-        plan = multimaster_keys.one_id_plan(op, minion_id, fingerprint, inventories, _ids(section))
+        plan = multimaster_keys.one_id_plan(
+            op, minion_id, fingerprint, inventories, _ids(section), **plan_options
+        )
         refused["reason"] = plan.pop("refused")
         if refused["reason"]:
             plan["actions"] = {m: [] for m in plan["actions"]}
@@ -794,6 +796,10 @@ REPLAYED_MARK = "multimaster_replayed"
 # A replay the bus refuses is retried this many times, this many seconds apart.
 REPLAY_ATTEMPTS = 5
 REPLAY_INTERVAL = 1.0
+# A key event for the same id and change as a reaction of this master that runs, or ended less
+# than this many seconds ago, does nothing: a flood of events for one change costs one
+# propagation per window (the changes an id can see are few; the events about it are not).
+KEY_REPEAT_WINDOW = 60
 
 
 def _fire_on_own_bus(data, tag, attempts=REPLAY_ATTEMPTS):
@@ -845,13 +851,18 @@ def key_event(minion, act, timeout=60):
     """
     Propagate a key change made on this master (``salt-key -a/-r/-d``) to every master: what the
     key reactor (``multimaster/reactor/keys.sls``) runs for each ``salt/key`` event. Any accepted
-    minion can put a ``salt/key`` event on a master's bus, so the event is only a hint: this
-    master's own key store must show the change (the id accepted, rejected, or gone), and what
-    propagates is what the store holds: the exact accepted key (refused, nothing changed, when
-    another master holds a different key for the id or has it rejected or denied), or a
-    reject/delete everywhere with the AES key rotated. Idempotent and safe when several masters
-    react at once (store locks, compare-and-set, re-planned when overtaken); writes fire no
-    ``salt/key`` event, so nothing loops.
+    minion can put a ``salt/key`` event on a master's bus, with any id in it, so the event is
+    only a hint: this master's own key store must show the change (the id accepted, rejected,
+    or gone), and what propagates is what the store holds: the exact accepted key (refused,
+    nothing changed, when another master holds a different key for the id or has it rejected
+    or denied), or a reject everywhere with the AES key rotated. A delete propagates only for
+    an id this master held before, as the last run that read its store recorded it
+    (``multimaster_keystore.note_held``), and removes only that key, where it is accepted or
+    pending: never a rejected or denied one. A repeat of the same change within
+    ``KEY_REPEAT_WINDOW`` seconds does nothing, so a flood of events costs reads of this
+    master's store. Idempotent and safe when several masters react at once (store locks,
+    compare-and-set, re-planned when overtaken); writes fire no ``salt/key`` event, so nothing
+    loops.
 
     In Salt's native cluster (``cluster_id`` set) the peers copy a key change from the event
     itself, but Salt 3008 applies only ``accept``/``reject`` acts while salt-key says
@@ -906,12 +917,49 @@ def key_event(minion, act, timeout=60):
         ret = _replay_to_cluster(here, minion, op, act, pubs.get(minion, {}).get("key"))
         ret["event"] = {"master": here, "id": minion, "act": act}
         return ret
-    fingerprint = held[1] if held else None
-    for _ in range(_RACE_ROUNDS):
-        ret = _one_id(op, minion, fingerprint, False, None, timeout)
-        if not _raced(ret):
-            break
+    fingerprint = held[1] if held else multimaster_keystore.held_before(__opts__, minion)
+    if op == "delete" and fingerprint is None:
+        return _never_held(here, minion)
+    ret = _propagate_once(here, minion, op, fingerprint, timeout)
     ret["event"] = {"master": here, "id": minion, "act": act}
+    return ret
+
+
+def _never_held(here, minion):
+    """
+    The report on a delete event for an id this master has no key for and no run found it
+    holding before: a forged (or stale) event, which must not delete the id elsewhere.
+    """
+    log.warning("multimaster: delete %s on %s: never held here; ignored", minion, here)
+    ret = {
+        "comment": f"{minion} has no key on {here}, and no run found {here} holding it "
+        "(accepted or pending) before: a stale or forged event; nothing changed (salt-run "
+        f"multimaster.delete {minion} deletes it everywhere)",
+    }
+    return _finish(ret, False)
+
+
+def _propagate_once(here, minion, op, fingerprint, timeout):
+    """
+    ``op`` of ``minion``'s key ``fingerprint`` on every master, re-planned when a concurrent
+    reaction overtook it; nothing when a reaction of this master to the same change runs or
+    ended within ``KEY_REPEAT_WINDOW``. A delete removes only accepted and pending keys.
+    """
+    with multimaster_reactor.claimed(
+        __opts__, "key", minion, [op, fingerprint], KEY_REPEAT_WINDOW
+    ) as claimed:
+        if not claimed:
+            ret = {
+                "comment": f"{op} {minion}: a reaction of {here} to the same change runs or "
+                f"ended less than {KEY_REPEAT_WINDOW} s ago; nothing to do"
+            }
+            return _finish(ret, False)
+        for _ in range(_RACE_ROUNDS):
+            ret = _one_id(
+                op, minion, fingerprint, False, None, timeout, keep_revocations=op == "delete"
+            )
+            if not _raced(ret):
+                break
     return ret
 
 

@@ -24,7 +24,6 @@ import os
 import time
 
 import salt.utils.atomicfile
-import salt.utils.files
 
 log = logging.getLogger(__name__)
 
@@ -129,17 +128,28 @@ def _update(opts, change, clock):
 
 
 def _read(path):
+    record = read_record(path, "a record of reactions")
+    return {key: entry for key, entry in record.items() if _is_entry(entry)}
+
+
+def _is_entry(entry):
+    until = entry.get("until") if isinstance(entry, dict) else None
+    return isinstance(until, (int, float)) and not isinstance(until, bool)
+
+
+def read_record(path, what):
     """
-    The record at ``path``; empty when there is none or it is not one (it is rebuilt).
+    The JSON mapping in the file at ``path``, never read through a link; empty (and logged,
+    naming ``what`` it should have been) when there is none or it is not one: the record is
+    rebuilt.
     """
     try:
-        with salt.utils.files.fopen(path) as handle:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, encoding="utf-8") as handle:
             record = json.load(handle)
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        log.warning("multimaster: %s is not a reaction record (%s); starting a new one", path, exc)
+        log.warning("multimaster: %s is not %s (%s); ignored", path, what, exc)
         return {}
-    if not isinstance(record, dict):
-        return {}
-    return {key: entry for key, entry in record.items() if isinstance(entry, dict)}
+    return record if isinstance(record, dict) else {}

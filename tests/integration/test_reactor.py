@@ -3,10 +3,11 @@ The reactors ``multimaster.master`` renders from ``multimaster:reactor`` on two 
 
 Keys: a ``salt-key`` accept, reject or delete on either master reaches the other (the exact key,
 AES rotated on revocation); a conflict changes nothing; the same accept on both masters at once
-converges; ``salt/key`` events forged by a minion change nothing. First highstate: a new minion
-gets exactly one highstate for both masters, none on a restart, and one while a master is down;
-a start event forged for another minion highstates nothing, and a flood of start events from a
-minion that holds its jobs stalls no reactor.
+converges; ``salt/key`` events forged by a minion change nothing, a forged delete for an id a
+master never held deletes nothing anywhere, and a flood of them stalls no reactor. First
+highstate: a new minion gets exactly one highstate for both masters, none on a restart, and one
+while a master is down; a start event forged for another minion highstates nothing, and a flood
+of start events from a minion that holds its jobs stalls no reactor.
 
 The control minions' keys are placed in both stores before anything starts, so no key event of
 the set-up reaches the reactors under test.
@@ -222,8 +223,8 @@ def forge(master, sender, events):
         "pretag": "salt",
     }
     ret = keytools.run_cli(
-        "salt", master.config_dir, "--static", sender, "event.fire", json.dumps(load),
-        "fire_master",
+        "salt", master.config_dir, "--static", "--timeout=60", sender, "event.fire",
+        json.dumps(load), "fire_master",
     )  # fmt: skip
     assert ret.returncode == 0, ret
 
@@ -243,9 +244,10 @@ def a_change_reaches_master2_behind_a_flood(reactor_set, event_listener, flood_s
     rejection reaches master2 within ``FLOOD_BOUND`` seconds. Returns how long it took.
     """
     master1, master2 = reactor_set
+    minion_id = f"rx-flooded-{fun.replace('_', '-')}"
     pem = keytools.new_public_pem()
     for master in reactor_set:
-        keytools.write_key(master, "minions", "rx-flooded", pem)
+        keytools.write_key(master, "minions", minion_id, pem)
     wait_for(
         lambda: runs_started(event_listener, master1, fun, flood_start) >= 10,
         REACT_TIMEOUT,
@@ -253,12 +255,12 @@ def a_change_reaches_master2_behind_a_flood(reactor_set, event_listener, flood_s
         what=f"master1's reactor taking the flood of {fun} events",
     )
     start = time.time()
-    salt_key(master1, "-r", "rx-flooded", "--include-accepted")
+    salt_key(master1, "-r", minion_id, "--include-accepted")
     wait_for(
-        lambda: state_of(master2, "rx-flooded") == ("minions_rejected", keytools.fingerprint(pem)),
+        lambda: state_of(master2, minion_id) == ("minions_rejected", keytools.fingerprint(pem)),
         FLOOD_BOUND,
         interval=0.2,
-        what="rx-flooded rejected on master2 behind the flood",
+        what=f"{minion_id} rejected on master2 behind the flood",
     )
     return time.time() - start
 
@@ -325,16 +327,44 @@ def test_reject_on_master1_revokes_on_master2_and_rotates(reactor_set, event_lis
     assert ret["retcode"] == 0 and ret["masters"][master2.id]["aes_rotated"] is True, ret
 
 
-def test_delete_on_master2_deletes_on_master1(reactor_set, event_listener):
+def test_delete_on_master2_of_a_key_accepted_on_master1_deletes_it_on_master1(
+    reactor_set, event_listener
+):
+    """
+    The key came to master2 from master1's reactor (``salt-key -a`` there): ``salt-key -d`` on
+    master2 deletes it on master1, whose AES key rotates.
+    """
     master1, master2 = reactor_set
-    pem = keytools.new_public_pem()
-    for master in reactor_set:
-        keytools.write_key(master, "minions", "rx-del", pem)
+    fp = pending_everywhere(reactor_set, "rx-del")
+    salt_key(master1, "-a", "rx-del")
+    wait_for(
+        lambda: state_of(master2, "rx-del") == ("minions", fp),
+        REACT_TIMEOUT,
+        what="rx-del accepted on master2",
+    )
     start = time.time()
     salt_key(master2, "-d", "rx-del")
     wait_for(lambda: state_of(master1, "rx-del") is None, REACT_TIMEOUT, what="rx-del gone")
     (ret,) = wait_reactor(event_listener, master2, "key_event", "rx-del", start)
     assert ret["retcode"] == 0 and ret["masters"][master1.id]["aes_rotated"] is True, ret
+
+
+def test_delete_of_a_key_a_sync_keys_run_saw_reaches_the_other_master(reactor_set, event_listener):
+    """
+    A key both stores held before the reactors ever acted on it: any run that read the stores
+    (``sync_keys``, ``status``) recorded it as held, so its ``salt-key -d`` propagates.
+    """
+    master1, master2 = reactor_set
+    pem = keytools.new_public_pem()
+    for master in reactor_set:
+        keytools.write_key(master, "minions", "rx-old", pem)
+    ret = keytools.salt_run(master1, "multimaster.sync_keys")
+    assert ret.returncode == 0, ret
+    start = time.time()
+    salt_key(master2, "-d", "rx-old")
+    wait_for(lambda: state_of(master1, "rx-old") is None, REACT_TIMEOUT, what="rx-old gone")
+    (ret,) = wait_reactor(event_listener, master2, "key_event", "rx-old", start)
+    assert ret["retcode"] == 0, ret
 
 
 def test_accept_of_a_conflicting_key_changes_nothing_elsewhere(reactor_set, event_listener):
@@ -393,6 +423,55 @@ def test_key_events_forged_by_a_minion_change_nothing(reactor_set, event_listene
         assert all("nothing changed" in r["comment"] for r in rets), rets
     assert {m.id: keytools.store_snapshot(m) for m in reactor_set} == before
     assert state_of(master1, "rx-sneak") == ("minions_pre", fp_pending)
+
+
+def test_a_forged_delete_for_ids_master1_never_held_deletes_nothing_anywhere(
+    reactor_set, event_listener
+):
+    """
+    master2 alone holds four ids (accepted, pending, rejected, denied: a failover minion, a
+    spoof record). A minion forges their deletes: master1's store has no key for them, as after
+    a real ``salt-key -d``, but master1 never held them, so nothing changes on either master.
+    """
+    master1, master2 = reactor_set
+    ids = {
+        "rx-far-acc": "minions",
+        "rx-far-pre": "minions_pre",
+        "rx-far-rej": "minions_rejected",
+        "rx-far-den": "minions_denied",
+    }
+    for minion_id, state_dir in ids.items():
+        keytools.write_key(master2, state_dir, minion_id, keytools.new_public_pem())
+    before = {m.id: keytools.store_snapshot(m) for m in reactor_set}
+    start = time.time()
+    forge(
+        master1,
+        control_id(1),
+        [("key", {"result": True, "act": "delete", "id": minion_id}) for minion_id in ids],
+    )
+    for minion_id in ids:
+        (ret,) = wait_reactor(event_listener, master1, "key_event", minion_id, start)
+        assert ret["retcode"] == 0 and "nothing changed" in ret["comment"], ret
+    assert {m.id: keytools.store_snapshot(m) for m in reactor_set} == before
+
+
+def test_a_flood_of_forged_key_events_stalls_no_reactor(reactor_set, event_listener):
+    """
+    A minion forges ``FLOOD`` deletes of ids no master holds and ``FLOOD`` accepts of its own
+    accepted key: each cost every control minion a round before. A ``salt-key -r`` behind them
+    still reaches the other master.
+    """
+    master1, _ = reactor_set
+    flood_start = time.time()
+    deletes = [
+        ("key", {"result": True, "act": "delete", "id": f"rx-ghost{i}"}) for i in range(FLOOD)
+    ]
+    accepts = [("key", {"result": True, "act": "accepted", "id": control_id(1)})] * FLOOD
+    forge(master1, control_id(1), deletes + accepts)
+    took = a_change_reaches_master2_behind_a_flood(
+        reactor_set, event_listener, flood_start, "key_event"
+    )
+    print(f"\nreactor: salt-key -r behind {2 * FLOOD} forged key events: {took:.2f}s")
 
 
 # --- first highstate -------------------------------------------------------------------------

@@ -75,7 +75,10 @@ def test_the_record_keeps_only_what_still_holds_something_back(opts, clock):
         assert list(json.load(handle)) == ["start/last"]
 
 
-@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"start/web1": 5}'])
+@pytest.mark.parametrize(
+    "content",
+    ["{not json", "[1, 2]", '{"start/web1": 5}', '{"start/web1": {"seen": "fp1", "until": "x"}}'],
+)
 def test_a_record_that_is_not_one_is_started_again(opts, clock, content):
     path = multimaster_reactor.record_path(opts)
     claim(opts, clock, minion_id="other")

@@ -435,6 +435,80 @@ def test_key_event_accept_propagates_the_key_this_master_holds(runner, use, stor
 
 
 @pytest.fixture
+def propagations(runner, monkeypatch):
+    """
+    The propagations ``key_event`` starts (its ``_one_id`` calls), each answered as a clean run.
+    """
+    calls = []
+
+    def one_id(op, minion_id, fingerprint, test, masters, timeout, force=False, **options):
+        calls.append((op, minion_id, fingerprint, options))
+        return {"masters": {}, "retcode": 0}
+
+    monkeypatch.setattr(runner, "_one_id", one_id)
+    return calls
+
+
+@pytest.fixture
+def held_before(runner, monkeypatch):
+    """
+    ``held_before(fp)``: this master's store held the event's id with the key ``fp`` before
+    (None: it never held it, as far as its record goes).
+    """
+
+    def held_before(fp):
+        monkeypatch.setattr(
+            runner.multimaster_keystore, "held_before", lambda *a, **k: fp, raising=False
+        )
+
+    return held_before
+
+
+def test_key_event_delete_of_an_id_this_master_never_held_changes_nothing(
+    runner, use, store, held_before
+):
+    """
+    A forged delete for an id this master does not hold matched its store ("no key") before:
+    it deleted the id's pending, rejected and denied keys on every other master.
+    """
+    client = use({})
+    store(None)
+    held_before(None)
+    ret = runner.key_event("web1", "delete")
+    assert ret["retcode"] == 0 and "nothing changed" in ret["comment"], ret
+    assert "multimaster.delete web1" in ret["comment"]
+    assert client.calls == []
+
+
+def test_key_event_delete_of_an_id_held_here_before_keeps_revocations_elsewhere(
+    runner, store, held_before, propagations
+):
+    store(None)
+    held_before(FP)
+    assert runner.key_event("web1", "delete")["retcode"] == 0
+    assert propagations == [("delete", "web1", FP, {"keep_revocations": True})]
+
+
+def test_key_event_repeats_of_one_change_propagate_once(runner, store, held_before, propagations):
+    """
+    A flood of events for a change the store shows costs one propagation per window; another
+    change of the same id is not a repeat.
+    """
+    store(["accepted", FP])
+    rets = [runner.key_event("web1", "accepted") for _ in range(10)]
+    assert [p[:3] for p in propagations] == [("accept", "web1", FP)]
+    assert all(r["retcode"] == 0 and "nothing to do" in r["comment"] for r in rets[1:]), rets[1]
+    store(["rejected", FP])
+    runner.key_event("web1", "rejected")
+    runner.key_event("web1", "reject")
+    store(None)
+    held_before(FP)
+    runner.key_event("web1", "delete")
+    runner.key_event("web1", "delete")
+    assert [p[0] for p in propagations] == ["accept", "reject", "delete"]
+
+
+@pytest.fixture
 def cluster_bus(runner, monkeypatch):
     """
     This master is a cluster member; the events ``key_event`` fires on its bus are recorded.
