@@ -18,7 +18,7 @@ import os
 import socket
 import time
 
-import salt.runner
+import salt.loader
 import salt.utils.files
 from salt.exceptions import CommandExecutionError
 
@@ -306,7 +306,7 @@ def restart_master_now(service="salt-master", timeout=90):
     return stopped["service"] or "daemon"
 
 
-def sync_master_modules(restart=True, service="salt-master"):
+def sync_master_modules(restart=True, service="salt-master", forms=None):
     """
     ``salt-run saltutil.sync_all`` for this host's salt-master (the master whose control minion
     this is): the custom runners, utils ... of its own file_roots into its extension_modules.
@@ -321,15 +321,25 @@ def sync_master_modules(restart=True, service="salt-master"):
     service
         The systemd unit name, used when the master runs as that unit.
 
+    forms
+        Only these module kinds (e.g. ``[runners, utils]``); default all of them.
+
     CLI Example:
 
     .. code-block:: bash
 
         salt master3 multimaster.sync_master_modules
+        salt master3 multimaster.sync_master_modules restart=False forms='[runners, utils]'
     """
     master = _this_master()
     mopts = multimaster_keystore.master_opts(master["config_dir"])
-    synced = salt.runner.RunnerClient(mopts).cmd("saltutil.sync_all", print_event=False)
+    # The runner functions themselves, not runner jobs: no job dirs or job cache of that master
+    # are involved (one that never started has none; its job cache may be what is being set up).
+    runner = salt.loader.runner(mopts, utils=salt.loader.utils(mopts))
+    if forms is None:
+        synced = runner["saltutil.sync_all"]()
+    else:
+        synced = {form: runner[f"saltutil.sync_{form}"]() for form in forms}
     if not isinstance(synced, dict):
         raise CommandExecutionError(f"saltutil.sync_all on {master['id']} failed: {synced}")
     changed = {form: names for form, names in synced.items() if names}

@@ -9,10 +9,19 @@ Every change is authorised by an order or envelope signed by the master this min
 (``minion_master.pub``) and bound to a single-use challenge this minion issued, this master and
 its config dir: a copy from a job cache cannot be replayed. Policy is re-checked here: a
 rejected or denied key is never accepted, whatever the order says.
+
+The other way round, every function here takes ``answer_nonce``: the runner's nonce for that
+one publish (64 hex characters). Given it, the answer (or why the function failed) comes back
+signed with this control minion's own key (``minion.pem``) over the function, the master it
+speaks for, the nonce and the answer's digest, and the runner uses it only when the signature
+verifies with this minion's key as accepted on its master: Salt 3008 takes a return's minion
+id on the sender's word (``resource_id``), so any minion could answer under this one's id.
 """
 
 import contextlib
+import functools
 import hashlib
+import inspect
 import logging
 import os
 import time
@@ -22,7 +31,12 @@ import salt.payload
 import salt.utils.atomicfile
 import salt.utils.files
 import salt.utils.json
-from salt.exceptions import CommandExecutionError, SaltInvocationError, SaltReqTimeoutError
+from salt.exceptions import (
+    CommandExecutionError,
+    SaltException,
+    SaltInvocationError,
+    SaltReqTimeoutError,
+)
 
 try:
     import multimaster_daemon
@@ -113,9 +127,68 @@ def _expect(master):
     return {"target": master["id"], "config_dir": master["config_dir"]}
 
 
+# --- signed answers --------------------------------------------------------------------------
+
+
+def _speaks_for():
+    """
+    The id of the master this control minion serves, or None when its pillar does not say (its
+    answer is then the reason).
+    """
+    try:
+        return _local()[0]["id"]
+    except CommandExecutionError:
+        return None
+
+
+def _answered(name, call):
+    """
+    ``(answer, failed)`` of ``call()``: its answer, or why it failed. A refusal keeps its
+    sentence; anything else is named by its type, its text going to this minion's log only.
+    """
+    try:
+        return call(), False
+    except SaltException as exc:
+        return str(exc), True
+    except Exception as exc:  # pylint: disable=broad-except
+        log.exception("multimaster: %s failed", name)
+        return (
+            f"{name} failed on {__opts__['id']}: {type(exc).__name__} (its minion log has the "
+            "details)",
+            True,
+        )
+
+
+def _signed_answer(function):
+    """
+    ``function``, taking ``answer_nonce`` too: given it, the answer (or why the function
+    failed) is returned signed for that nonce (see the module's docstring); without it, as it
+    is (the CLI, and functions here calling each other). Salt's minion matches a publish's
+    arguments with the signature it reads from ``__signature__``.
+    """
+    name = function.__name__
+
+    @functools.wraps(function)
+    def answer(*args, answer_nonce=None, **kwargs):
+        if answer_nonce is None:
+            return function(*args, **kwargs)
+        result, failed = _answered(name, lambda: function(*args, **kwargs))
+        return multimaster_seal.sign_answer(
+            result, name, _speaks_for(), answer_nonce, _read_own("minion.pem"), failed=failed
+        )
+
+    # Salt follows ``__wrapped__`` to the inner signature, which lacks the nonce.
+    del answer.__wrapped__
+    signature = inspect.signature(function)
+    nonce = inspect.Parameter("answer_nonce", inspect.Parameter.KEYWORD_ONLY, default=None)
+    answer.__signature__ = signature.replace(parameters=[*signature.parameters.values(), nonce])
+    return answer
+
+
 # --- minion keys -----------------------------------------------------------------------------
 
 
+@_signed_answer
 def key_inventory(buckets=None, ids=None, with_pubs=False):
     """
     This master's minion-key inventory. Without ``buckets``/``ids``: only digests (the total and
@@ -204,6 +277,7 @@ def _master_alive(master, mopts):
     return False
 
 
+@_signed_answer
 def master_settled():
     """
     Is this host's salt-master up (a verified pid listening on its ret port) with no restart of
@@ -345,6 +419,7 @@ def _pulled_json(transfer, limit, what, pull=None):
         raise CommandExecutionError(f"{what}: the pulled transfer is not JSON") from None
 
 
+@_signed_answer
 def apply_key_actions(transfer, order):
     """
     Apply planned key actions to this master's key store: each ``{"id", "op"
@@ -427,6 +502,7 @@ def _held_peer_keys(peers_dir):
     }
 
 
+@_signed_answer
 def cluster_peer_keys():
     """
     The cluster peer public keys this master holds (``cluster_pki_dir/peers/<id>.pub``, by
@@ -442,6 +518,7 @@ def cluster_peer_keys():
     return {"held": _held_peer_keys(peers_dir), "binding": _binding(master)}
 
 
+@_signed_answer
 def install_cluster_peer_keys(keys, order):
     """
     Add the cluster peer public keys ``keys`` (``{master address: PEM}``) this master lacks to
@@ -505,6 +582,7 @@ def install_cluster_peer_keys(keys, order):
 # --- master key ------------------------------------------------------------------------------
 
 
+@_signed_answer
 def master_key_info(signing=False):
     """
     The public master key this master stores (or, with ``signing``, its signing key), Salt's
@@ -571,6 +649,7 @@ def _opened_pair(envelope, master, signing):
     return body.pop("pem"), pub, fp
 
 
+@_signed_answer
 def install_master_key(transfer, signing=False, timeout=90):
     """
     Install the master key pair (or signing pair) sealed to this control minion by the
@@ -627,6 +706,7 @@ def _service(section):
     return section.get("lookup", {}).get("master", {}).get("service", "salt-master")
 
 
+@_signed_answer
 def verify_master_key(host, port, pub, sign_pub=None, timeout=30):
     """
     Does the master at ``host:port`` serve ``pub`` (and sign it with ``sign_pub``'s pair)?
@@ -658,6 +738,7 @@ def verify_master_key(host, port, pub, sign_pub=None, timeout=30):
 # --- reports ---------------------------------------------------------------------------------
 
 
+@_signed_answer
 def master_report(signing=False, ping_timeout=5):
     """
     What ``salt-run multimaster.status`` needs from this host in one call: the key inventory
@@ -704,6 +785,7 @@ def _store_problems(signing):
     return problems
 
 
+@_signed_answer
 def ping_minions(timeout=5):
     """
     The minions that answer ``test.ping`` published by this host's master.
@@ -807,6 +889,7 @@ def _narrowed(files, modes, dirs):
     return narrowed, cut_modes, partial
 
 
+@_signed_answer
 def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None, unless=None, dirs=None):
     """
     The roots of this host's master (``file_roots``/``pillar_roots`` of its own config): per
@@ -938,6 +1021,7 @@ def _clear_file_list_cache(mopts):
                 os.unlink(os.path.join(cache, name))
 
 
+@_signed_answer
 def apply_roots(plan):
     """
     Make this master's roots equal to the primary's: open the plan (sealed to this control

@@ -8,12 +8,13 @@ keys are the authority, and a runner ACL that allows one function must not let i
 another primary or another recipient of a private key (``masters=`` is refused). Each master is
 reached through its control minion (the salt-minion on that host, module ``multimaster_peer``),
 targeted by exact id list. Every change is sent as an order signed by this master and bound to a
-single-use challenge of the recipient. Bulk data (key actions, sealed keys) never rides the
-publish: it is staged on this master and the recipient pulls it over its own request channel
-(``multimaster_transfer.pull``, allowed to the control minions by ``peer_run``); the publish
-carries a ticket. Work is applied master by master in the configured order (the first is the
-primary). Every function takes ``test=True`` (return the plan,
-change nothing) and returns ``retcode: 1`` on any failure.
+single-use challenge of the recipient; every answer is used only when signed by the control
+minion's own key (as accepted here) for the nonce of that publish. Bulk data (key actions,
+sealed keys) never rides the publish: it is staged on this master and the recipient pulls it
+over its own request channel (``multimaster_transfer.pull``, allowed to the control minions by
+``peer_run``); the publish carries a ticket. Work is applied master by master in the configured
+order (the first is the primary). Every function takes ``test=True`` (return the plan, change
+nothing) and returns ``retcode: 1`` on any failure.
 """
 
 import logging
@@ -162,6 +163,18 @@ def _id_list(value, name):
     raise Refused(f"{name}: got {value!r}; expected a master id or a list of master ids")
 
 
+def _this_master(section):
+    """
+    The id of this master's entry in ``section``, or None. Salt names a master
+    ``<hostname>_master`` unless its config sets ``id``, so that name matches entry ``<hostname>``.
+    """
+    here = __opts__.get("id") or ""
+    for candidate in (here, here.removesuffix("_master")):
+        if candidate in _ids(section):
+            return candidate
+    return None
+
+
 def _by_id(section):
     return {m["id"]: m for m in section["masters"]}
 
@@ -169,14 +182,21 @@ def _by_id(section):
 def _call(section, masters, fun, kwarg, timeout, check=None):
     """
     Run ``multimaster_peer.<fun>`` on the control minions of ``masters``; ``(answers, errors)``
-    keyed by master id. ``check(answer)`` validates (and may normalise) each answer: a peer's
-    return is never trusted as it comes.
+    keyed by master id. Each answer must be signed by its control minion for a nonce fresh to
+    this publish (a return's minion id proves nothing: see ``multimaster_returns``);
+    ``check(answer)`` then validates (and may normalise) it: a peer's return is never trusted
+    as it comes.
     """
     by_minion = {m["minion_id"]: m["id"] for m in section["masters"] if m["id"] in masters}
+    nonce = os.urandom(32).hex()
     start = time.monotonic()
     with salt.client.get_local_client(__opts__["conf_file"]) as client:
         returns = multimaster_returns.cmd_returns(
-            client, list(by_minion), f"{PEER}.{fun}", kwarg=kwarg, timeout=timeout
+            client,
+            list(by_minion),
+            f"{PEER}.{fun}",
+            kwarg={**(kwarg or {}), "answer_nonce": nonce},
+            timeout=timeout,
         )
     # A recipient that pulled a transfer during this call has returned: its last pull's job
     # (the last chunk) leaves the job cache.
@@ -184,21 +204,70 @@ def _call(section, masters, fun, kwarg, timeout, check=None):
     log.info("multimaster: %s on %s: %.2fs", fun, sorted(masters), time.monotonic() - start)
     answers, errors = {}, {}
     for minion_id, master_id in by_minion.items():
-        ret = returns.get(minion_id)
-        if not isinstance(ret, dict) or "ret" not in ret:
-            errors[master_id] = f"control minion {minion_id} did not answer"
-        elif ret.get("retcode", 0) != 0 or isinstance(ret["ret"], str):
-            errors[master_id] = str(ret["ret"])[:2000]
-        elif not isinstance(ret["ret"], dict):
-            errors[master_id] = f"{fun} on {minion_id}: malformed return ({type(ret['ret'])})"
-        elif ret["ret"].get("alive") is False:
-            errors[master_id] = f"salt-master on {master_id} is not running; left untouched"
-        else:
-            try:
-                answers[master_id] = check(ret["ret"]) if check else ret["ret"]
-            except (ValueError, TypeError, KeyError) as exc:
-                errors[master_id] = f"{fun} on {minion_id}: malformed return ({_reason(exc)})"
+        try:
+            answers[master_id] = _answer(
+                returns.get(minion_id), fun, master_id, minion_id, nonce, check
+            )
+        except multimaster_returns.AnswerRefused as exc:
+            errors[master_id] = str(exc)
     return answers, errors
+
+
+def _answer(ret, fun, master_id, minion_id, nonce, check):
+    """
+    The answer of ``minion_id`` (the control minion of ``master_id``) in its return ``ret``,
+    signed by it for ``nonce`` and passed through ``check``; raises ``AnswerRefused``.
+    """
+    if not isinstance(ret, dict) or "ret" not in ret:
+        raise multimaster_returns.AnswerRefused(f"control minion {minion_id} did not answer")
+    answer, failed = multimaster_returns.signed_answer(
+        ret, fun, master_id, minion_id, nonce, _control_key(master_id, minion_id)
+    )
+    if failed:
+        raise multimaster_returns.AnswerRefused(_peer_error(fun, minion_id, str(answer)))
+    if not isinstance(answer, dict):
+        raise multimaster_returns.AnswerRefused(
+            f"{fun} on {minion_id}: malformed return ({type(answer)})"
+        )
+    if answer.get("alive") is False:
+        raise multimaster_returns.AnswerRefused(
+            f"salt-master on {master_id} is not running; left untouched"
+        )
+    try:
+        return check(answer) if check else answer
+    except (ValueError, TypeError, KeyError) as exc:
+        raise multimaster_returns.AnswerRefused(
+            f"{fun} on {minion_id}: malformed return ({_reason(exc)})"
+        ) from None
+
+
+def _control_key(master_id, minion_id):
+    """
+    The public key (PEM) of ``minion_id`` as accepted on this master: what its answers must be
+    signed with. Raises ``AnswerRefused`` when it is not accepted here.
+    """
+    state, pem, _ = _primary_key_entry(minion_id)
+    if state != "accepted" or not pem:
+        raise multimaster_returns.AnswerRefused(
+            f"{master_id}: {minion_id} is not accepted on this master (its key is "
+            f"{state or 'unknown'} here), so its answer cannot be checked: nothing of it was "
+            f"used; accept it with 'salt-key -a {minion_id}' after checking its fingerprint"
+        )
+    return pem
+
+
+def _peer_error(fun, minion_id, text):
+    """
+    A control minion's refusal as it said it; a Python traceback instead becomes a sentence
+    saying where to read it.
+    """
+    if "Traceback" in text or "caused an exception" in text:
+        return (
+            f"{fun} failed on {minion_id} with an unexpected error (its traceback is in that "
+            f"host's minion log); run 'salt {minion_id} saltutil.sync_all' if the formula there "
+            "is older than on this master"
+        )
+    return text[:2000]
 
 
 def _reason(exc):
@@ -296,7 +365,8 @@ def _inventories(section, timeout, ids=None):
         # keys that return is megabytes through the job return path); a master with no entry
         # in the differing buckets (a new one) has nothing to return. Both keep the challenge
         # the digest round issued.
-        own = __opts__.get("id") if __opts__.get("id") in digests else None
+        own = _this_master(section)
+        own = own if own in digests else None
         full = {}
         for master, digest in digests.items():
             if master == own:
@@ -521,11 +591,15 @@ def sync_keys(minion=None, prune=False, test=False, force=False, masters=None, t
     return _finish(ret, failed)
 
 
-def _one_id(op, minion_id, fingerprint, test, masters, timeout, force=False, **plan_options):
+def _one_id(
+    op, minion_id, fingerprint, test, masters, timeout, force=False, settle=True, **plan_options
+):
     try:
         section = _addressable(_configured(masters, op), op)
         multimaster_ids.check_id(minion_id, "minion id")
-        _await_restarts(section)
+        if settle:
+            # An operator's command waits out restarts; a reactor never waits on a minion.
+            _await_restarts(section)
     except SaltInvocationError as exc:
         return _refused(exc)
     refused = {}
@@ -661,8 +735,8 @@ def wait_masters(timeout=180, interval=1, skip=None):
     next_nudge = READY_NUDGE_INTERVAL
     while True:
         answers, errors = _poll_settled(section, waiting)
-        last = {m: errors.get(m) or answers.get(m) for m in waiting}
         waiting = [m for m in waiting if not (answers.get(m) or {}).get("settled")]
+        last = {m: errors.get(m) or answers.get(m) for m in waiting}
         waited = round(time.monotonic() - start, 1)
         if not waiting:
             return _finish({"comment": "every master is up", "waited": waited}, False)
@@ -893,11 +967,13 @@ def key_event(minion, act, timeout=60):
         op = _KEY_ACTS.get(act)
         if op is None:
             raise Refused(f"act {act!r}: expected one of {', '.join(sorted(_KEY_ACTS))}")
-        if here not in _ids(section):
+        if _this_master(section) is None:
             raise Refused(
                 f"this master's id {here!r} is not in multimaster:masters {_ids(section)}: "
-                "each entry's id must be its master's id option"
+                "each entry's id must be its master's id option (or its host name, where Salt "
+                "names the master <hostname>_master)"
             )
+        here = _this_master(section)
     except SaltInvocationError as exc:
         return _refused(exc)
     # One read of the store: the PEM is what a cluster replay sends.
@@ -955,8 +1031,16 @@ def _propagate_once(here, minion, op, fingerprint, timeout):
             }
             return _finish(ret, False)
         for _ in range(_RACE_ROUNDS):
+            # A reactor never waits on a restart, as it never waits on a minion.
             ret = _one_id(
-                op, minion, fingerprint, False, None, timeout, keep_revocations=op == "delete"
+                op,
+                minion,
+                fingerprint,
+                False,
+                None,
+                timeout,
+                settle=False,
+                keep_revocations=op == "delete",
             )
             if not _raced(ret):
                 break
@@ -2145,7 +2229,8 @@ def _cluster_status(section):
     try:
         members = salt.runner.RunnerClient(__opts__).cmd("cluster.members", print_event=False)
     except Exception as exc:  # pylint: disable=broad-except
-        members = {"error": f"cluster.members failed: {exc}"}
+        log.warning("multimaster: cluster.members failed: %s", exc)
+        members = {"error": "cluster.members failed on this master (its log has why)"}
     if not isinstance(members, dict):
         members = {"error": f"cluster.members returned {members!r}"}
     known = set(members.get("voters", [])) | set(members.get("learners", []))

@@ -8,7 +8,8 @@ balancer of a master cluster: a configuration HAProxy refuses never replaces the
 ``master_config_managed``/``cluster_config_managed``/``job_cache_config_managed`` keep the 0600
 ``master.d`` files that may hold a secret, computed at run time (``multimaster_local``): the
 execution module's returns and the rendered SLS only ever see them masked.
-``job_cache_schema_present`` prepares the shared job cache database.
+``job_cache_returner_installed`` puts the formula's job cache returner where the master loads
+it; ``job_cache_schema_present`` prepares the shared job cache database.
 """
 
 import difflib
@@ -336,6 +337,34 @@ def _configs():
     return multimaster_local.settings(__salt__, __opts__, __grains__, __context__)["config"]
 
 
+def _is_current(name, data, mode, owner):
+    """
+    ``name`` is a regular file (not a link) holding ``data``, of ``mode``, owned by ``owner``
+    (a ``pwd`` entry; None: any owner).
+    """
+    try:
+        st = os.lstat(name)
+    except FileNotFoundError:
+        return False
+    return (
+        stat.S_ISREG(st.st_mode)
+        and st.st_mode & 0o777 == mode
+        and (owner is None or (st.st_uid, st.st_gid) == (owner.pw_uid, owner.pw_gid))
+        and (multimaster_roots.sha256_file(name) == hashlib.sha256(data).hexdigest())
+    )
+
+
+def _write_owned(name, data, mode, owner):
+    """
+    Write ``data`` to ``name`` with ``mode``, owned by ``owner`` (None: left to this process):
+    staged beside it, fsync'd, renamed; never through a link. Raises ``OSError``.
+    """
+    directory, base = os.path.split(name)
+    multimaster_roots.write_file(directory, base, [data], mode)
+    if owner is not None:
+        os.chown(name, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
+
+
 def _secret_config_managed(name, part, user):
     """
     Keep ``name`` a 0600 file owned by ``user`` that holds this host's ``part`` config, computed
@@ -351,17 +380,7 @@ def _secret_config_managed(name, part, user):
         return ret
     data = salt.utils.yaml.safe_dump(config, default_flow_style=False).encode()
     owner = pwd.getpwnam(user) if user else None
-    try:
-        st = os.lstat(name)
-        current = (
-            stat.S_ISREG(st.st_mode)
-            and st.st_mode & 0o777 == 0o600
-            and (owner is None or (st.st_uid, st.st_gid) == (owner.pw_uid, owner.pw_gid))
-            and (multimaster_roots.sha256_file(name) == hashlib.sha256(data).hexdigest())
-        )
-    except FileNotFoundError:
-        current = False
-    if current:
+    if _is_current(name, data, 0o600, owner):
         ret["comment"] = f"{name} is up to date"
         return ret
     if __opts__["test"]:
@@ -369,14 +388,10 @@ def _secret_config_managed(name, part, user):
             result=None, changes={"diff": "<secret: not shown>"}, comment=f"{name} would be updated"
         )
         return ret
-    directory, base = os.path.split(name)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
+    os.makedirs(os.path.dirname(name), mode=0o755, exist_ok=True)
     try:
-        # Staged 0600 beside it, fsync'd, renamed; never through a link.
-        multimaster_roots.write_file(directory, base, [data], 0o600)
-        if owner is not None:
-            # The master may run as its own user: it must read its options; nobody else may.
-            os.chown(name, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
+        # The master may run as its own user: it must read its options; nobody else may.
+        _write_owned(name, data, 0o600, owner)
     except OSError as exc:
         ret.update(result=False, comment=f"cannot write {name}: {exc.strerror or exc}")
         return ret
@@ -405,6 +420,43 @@ def master_config_managed(name, user=None):
             - user: salt
     """
     return _secret_config_managed(name, "master", user)
+
+
+def master_runners_synced(name):
+    """
+    Ensure the salt-master this minion controls holds the formula's runners and utils from its
+    own file server in its ``extension_modules`` (``multimaster.sync_master_modules`` without a
+    restart): a master's reactor keeps the runners it loaded, so a master whose reactors call
+    them needs them before the restart this state's changes trigger.
+
+    name
+        A label (the master id).
+
+    CLI Example:
+
+    .. code-block:: yaml
+
+        multimaster-master-config-runners-synced:
+          multimaster.master_runners_synced:
+            - name: master2
+    """
+    ret = {"name": name, "result": True, "changes": {}, "comment": ""}
+    if __opts__.get("test"):
+        ret.update(result=None, comment="the master's runners would be synced from its roots")
+        return ret
+    try:
+        synced = __salt__["multimaster.sync_master_modules"](
+            restart=False, forms=["runners", "utils"]
+        )["synced"]
+    except CommandExecutionError as exc:
+        ret.update(result=False, comment=str(exc))
+        return ret
+    if synced:
+        ret["changes"] = synced
+        ret["comment"] = "runners synced into the master's extension_modules"
+    else:
+        ret["comment"] = "the master's runners are current"
+    return ret
 
 
 def cluster_config_managed(name, user=None):
@@ -457,13 +509,100 @@ def job_cache_config_managed(name, user=None):
     return _secret_config_managed(name, "job_cache", user)
 
 
+def _makedirs_owned(directory, owner):
+    """
+    Create ``directory`` and its missing parents (0755), each owned by ``owner`` (None: left to
+    this process).
+    """
+    missing = []
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    for path in reversed(missing):
+        os.mkdir(path, 0o755)
+        if owner is not None:
+            os.chown(path, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
+
+
+def _synced_returner(base):
+    """
+    The content of the returner ``base`` (a file name) as ``saltutil.sync_all`` synced it to
+    this minion. Raises ``CommandExecutionError`` naming what to run.
+    """
+    path = os.path.join(__opts__["extension_modules"], "returners", base)
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise CommandExecutionError(
+            f"the formula's returner is not synced to this minion ({path}: "
+            f"{exc.strerror or exc}); run saltutil.sync_all on it, then apply again"
+        ) from None
+
+
+def job_cache_returner_installed(name, user=None):
+    """
+    Ensure ``name`` (``<the master's extension_modules>/returners/multimaster_pgjsonb.py``) is
+    the formula's job cache returner as synced to this minion, mode 0644, owned by ``user``:
+    the master loads its ``master_job_cache`` from there when it starts. Installed here rather
+    than by the master's own ``saltutil.sync_all`` because a master that joins the set has no
+    formula in its roots yet, and a master whose ``master_job_cache`` names a returner it lacks
+    publishes nothing. Directories it creates are owned by ``user`` too, so that the master's
+    own ``saltutil.sync_all`` can still write there.
+
+    name
+        The file to install: ``<returner>.py`` in a ``returners`` directory, the returner one
+        of the formula's (``multimaster_pgjsonb``).
+
+    user
+        The user the master runs as (its ``user`` option): the owner.
+
+    CLI Example:
+
+    .. code-block:: yaml
+
+        multimaster-master-config-job-cache-returner-installed:
+          multimaster.job_cache_returner_installed:
+            - name: /var/cache/salt/master/extmods/returners/multimaster_pgjsonb.py
+            - user: salt
+    """
+    ret = {"name": name, "result": True, "changes": {}, "comment": ""}
+    base = os.path.basename(name)
+    if base not in [f"{returner}.py" for returner in multimaster_jobcache.RETURNERS]:
+        expected = ", ".join(f"{returner}.py" for returner in multimaster_jobcache.RETURNERS)
+        ret.update(result=False, comment=f"{name}: expected a file named {expected}")
+        return ret
+    try:
+        data = _synced_returner(base)
+    except CommandExecutionError as exc:
+        ret.update(result=False, comment=str(exc))
+        return ret
+    owner = pwd.getpwnam(user) if user else None
+    if _is_current(name, data, 0o644, owner):
+        ret["comment"] = f"{name} is up to date"
+        return ret
+    action = "updated" if os.path.lexists(name) else "installed"
+    if __opts__["test"]:
+        ret.update(result=None, changes={"returner": action}, comment=f"{name} would be {action}")
+        return ret
+    try:
+        _makedirs_owned(os.path.dirname(name), owner)
+        _write_owned(name, data, 0o644, owner)
+    except OSError as exc:
+        ret.update(result=False, comment=f"cannot write {name}: {exc.strerror or exc}")
+        return ret
+    ret.update(changes={"returner": action}, comment=f"{name} {action}")
+    return ret
+
+
 def job_cache_schema_present(name):
     """
-    Ensure the job cache database holds the tables Salt's ``pgjsonb`` returner writes to and
-    the trigger that keeps a job's published load (target, arguments) from being replaced by a
-    return's, creating what is missing (idempotent; masters applying at once take turns on a
-    database lock). The connection comes from the pillar ``multimaster:job_cache`` at run time; the
-    return names the database as ``user@host:port/db``, never the password.
+    Ensure the job cache database holds the tables the ``multimaster_pgjsonb`` returner writes to
+    (those of Salt's ``pgjsonb``) and the trigger that keeps a job's published load (target,
+    arguments) from being replaced by a return's, creating what is missing (idempotent; masters
+    applying at once take turns on a database lock). The connection comes from the pillar
+    ``multimaster:job_cache`` at run time; the return names the database as
+    ``user@host:port/dbname``, never the password.
 
     name
         A label for the state (the database is the pillar's).

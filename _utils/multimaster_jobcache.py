@@ -1,29 +1,34 @@
 """
-One job cache for every master: Salt's ``pgjsonb`` returner as ``master_job_cache``, so every
-master writes job loads and returns to one PostgreSQL database and ``salt-run jobs.lookup_jid``
-on any master finds a job another master published.
+One job cache for every master: the formula's ``multimaster_pgjsonb`` returner as
+``master_job_cache``, so every master writes job loads and returns to one PostgreSQL database
+(in the tables of Salt's ``pgjsonb``) and ``salt-run jobs.lookup_jid`` on any master finds a
+job another master published.
 
 Pure helpers shared by the execution module, the states and the peer: the master options that
-select it, the schema ``pgjsonb`` expects plus a guard against a Salt defect (created when
-missing, under an advisory lock so that masters applying at once do not race) and a health
-check. The connection password is read from
-options, handed to the driver, and never returned, logged or put in an error.
+select it, the schema it writes to plus a guard against a Salt defect (created when missing,
+under an advisory lock so that masters applying at once do not race) and a health check. The
+connection password is read from options, handed to the driver, and never returned, logged or
+put in an error.
 """
 
 import contextlib
 
-RETURNERS = ("pgjsonb",)
-SSL_MODES = ("", "disable", "allow", "prefer", "require", "verify-ca", "verify-full")
-# What pgjsonb reads under returner.pgjsonb.* (its own defaults where unset).
-_DEFAULTS = {"host": "localhost", "port": 5432, "db": "salt", "user": "salt", "pass": "salt"}
-_OPTIONAL = ("connect_timeout", "sslmode")
+# Not Salt's pgjsonb: that one takes connection options from a minion's return (ret_kwargs,
+# ret_config), so a minion could have a master log in to the minion's own server.
+RETURNERS = ("multimaster_pgjsonb",)
+# The master option the returner reads its connection from: libpq keywords.
+OPTION = "multimaster_pgjsonb"
+# libpq's sslmode values that never let the password go over a connection without TLS.
+TLS_MODES = ("require", "verify-ca", "verify-full")
+CHANNEL_BINDINGS = ("disable", "prefer", "require")
 TABLES = ("jids", "salt_returns", "salt_events")
 # Salt stores every return's load with the returner's save_load (only local_cache is spared),
-# and pgjsonb's upsert then replaces the publish's load (target, arguments) with the return's:
-# jobs.list_jobs would show "unknown-target" and no arguments for every job. This trigger keeps
-# a load that names its target from being replaced by one that does not.
+# and the returner's upsert (as pgjsonb's) then replaces the publish's load (target, arguments)
+# with the return's: jobs.list_jobs would show "unknown-target" and no arguments for every job.
+# This trigger keeps a load that names its target from being replaced by one that does not.
 GUARD = "multimaster_keep_publish_load"
-# pgjsonb's documented schema, each statement idempotent, and the guard.
+# Salt's pgjsonb documented schema (the returner writes it), each statement idempotent, and
+# the guard.
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS jids (jid varchar(255) NOT NULL PRIMARY KEY, load jsonb NOT NULL)",
     "CREATE INDEX IF NOT EXISTS idx_jids_jsonb ON jids USING gin (load) WITH (fastupdate=on)",
@@ -64,49 +69,51 @@ class JobCacheError(Exception):
 def master_options(job_cache):
     """
     The master options that make ``job_cache`` (the pillar's ``multimaster:job_cache``, checked)
-    the master job cache: ``master_job_cache`` and the returner's connection settings, the
-    password among them (they go to a 0600 ``master.d`` file of their own).
+    the master job cache: ``master_job_cache`` and the returner's connection (libpq keywords),
+    the password among them (they go to a 0600 ``master.d`` file of their own).
     """
-    returner = job_cache["returner"]
     connect = {
         "host": job_cache["host"],
         "port": job_cache["port"],
-        "db": job_cache["db"],
+        "dbname": job_cache["db"],
         "user": job_cache["user"],
-        "pass": job_cache["password"],
+        "password": job_cache["password"],
         "connect_timeout": job_cache["connect_timeout"],
+        "sslmode": job_cache["sslmode"],
+        "channel_binding": job_cache["channel_binding"],
     }
-    if job_cache["sslmode"]:
-        connect["sslmode"] = job_cache["sslmode"]
-    options = {"master_job_cache": returner}
-    options.update({f"returner.{returner}.{key}": value for key, value in connect.items()})
-    return options
+    if job_cache["sslrootcert"]:
+        connect["sslrootcert"] = job_cache["sslrootcert"]
+    return {"master_job_cache": job_cache["returner"], OPTION: connect}
 
 
 def connection(opts):
     """
-    The connection settings ``opts`` (a master's options) give the job cache, or None when its
-    ``master_job_cache`` is not a database this module knows (Salt's ``local_cache``, say).
+    The connection ``opts`` (a master's options) give the job cache (libpq keywords and the
+    ``returner``), or None when its ``master_job_cache`` is not one this module knows (Salt's
+    ``local_cache``, say).
     """
     returner = opts.get("master_job_cache")
     if returner not in RETURNERS:
         return None
-    prefix = f"returner.{returner}."
-    conn = {key: opts.get(prefix + key, default) for key, default in _DEFAULTS.items()}
-    conn.update({key: opts[prefix + key] for key in _OPTIONAL if opts.get(prefix + key)})
+    settings = opts.get(OPTION)
+    if not isinstance(settings, dict):
+        settings = {}
+    conn = {key: value for key, value in settings.items() if value not in (None, "")}
     conn["returner"] = returner
     return conn
 
 
 def describe(conn):
     """
-    ``user@host:port/db`` of ``conn`` (from ``connection``): what reports show, no password.
+    ``user@host:port/dbname`` of ``conn`` (from ``connection``): what reports show, no password.
     """
-    return f"{conn['user']}@{conn['host']}:{conn['port']}/{conn['db']}"
+    return f"{conn.get('user')}@{conn.get('host')}:{conn.get('port')}/{conn.get('dbname')}"
 
 
 def _scrub(text, conn):
-    return text.replace(conn["pass"], MASK) if conn["pass"] else text
+    password = conn.get("password")
+    return text.replace(str(password), MASK) if password else text
 
 
 @contextlib.contextmanager
@@ -118,16 +125,8 @@ def _cursor(conn):
             "psycopg2 is not installed in the Python that runs Salt "
             "(multimaster.master installs it with the job cache on)"
         ) from None
-    kwargs = {
-        "host": conn["host"],
-        "port": int(conn["port"]),
-        "dbname": conn["db"],
-        "user": conn["user"],
-        "password": conn["pass"],
-    }
-    kwargs.update({key: conn[key] for key in _OPTIONAL if key in conn})
     try:
-        db = psycopg2.connect(**kwargs)
+        db = psycopg2.connect(**{key: value for key, value in conn.items() if key != "returner"})
     except psycopg2.Error as exc:
         raise JobCacheError(f"{describe(conn)}: {_scrub(str(exc).strip(), conn)}") from None
     try:
@@ -151,7 +150,7 @@ def _missing(cur):
 
 def missing_schema(conn):
     """
-    What of the schema (the ``pgjsonb`` tables, the guard trigger) the database of ``conn``
+    What of the schema (the returner's tables, the guard trigger) the database of ``conn``
     lacks. Raises ``JobCacheError``.
     """
     with _cursor(conn) as cur:

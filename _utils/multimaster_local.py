@@ -84,6 +84,8 @@ def _local_master(merged, opts):
         cachedir=master_opts["cachedir"],
         pidfile=master_opts["pidfile"],
         user=master_opts["user"],
+        # Where the master loads synced modules from: the job cache returner goes there.
+        extension_modules=master_opts["extension_modules"],
     )
 
 

@@ -9,13 +9,23 @@ event wakes the socket, and ``cmd`` waits out its whole timeout for a minion tha
 milliseconds (Salt 3008 reads the buffer instead). The master stores every return in its job
 cache right after it fires the event, so while the event stream is idle the missing returns are
 read from the job cache, first after 0.1 s, then at intervals growing by half up to a second
-(``local_cache`` retries a return file it finds half written; ``pgjsonb`` writes each return in
-one transaction). Salt 3008 still loses a large return from the stream at times (the sealed
-manifests of 5,000 files, about 1 MB): found in the cache, it costs 0.1 s, not a second.
+(``local_cache`` retries a return file it finds half written; ``multimaster_pgjsonb`` writes
+each return in one transaction). Salt 3008 still loses a large return from the stream at times
+(the sealed manifests of 5,000 files, about 1 MB): found in the cache, it costs 0.1 s, not a
+second.
+
+A return's minion id is not proof of its sender: Salt 3008 takes it from the load's unchecked
+``resource_id``, and every minion sees each publish's jid. ``signed_answer`` takes a control
+minion's answer only when it is signed with that minion's key for the runner's nonce
+(``multimaster_seal.sign_answer``); Salt's return stream stops at the first return for each
+id, so a forgery that came first is refused, not replaced by the genuine answer.
 """
 
 import logging
 import time
+
+import multimaster_seal
+from salt.exceptions import CommandExecutionError
 
 log = logging.getLogger(__name__)
 
@@ -83,3 +93,53 @@ def cmd_returns(client, minions, fun, kwarg=None, timeout=None):
         events.close()
         client._clean_up_subscriptions(jid)  # noqa: SLF001  (what cmd_iter does on its way out)
     return returns
+
+
+class AnswerRefused(CommandExecutionError):
+    """
+    A control minion's return that is not a usable answer; the message says why and what to
+    run.
+    """
+
+
+def _unsigned(master, minion, function):
+    return (
+        f"{master}: the answer to {function} is not signed by {minion}, its control minion (a "
+        f"return another minion sent under its id, or {minion} runs an older formula): nothing "
+        f"of it was used; run 'salt {minion} saltutil.sync_all', then this command again"
+    )
+
+
+def signed_answer(ret, function, master, minion, nonce, minion_pub):
+    """
+    ``(answer, failed)`` of ``minion``'s return ``ret`` (as ``cmd_returns`` gives it) to
+    ``multimaster_peer.<function>`` for ``nonce``, once its signature verifies with
+    ``minion_pub`` (the minion's public key PEM, accepted on this master) and it speaks for
+    ``master``; ``failed``: the answer is the reason the function failed. Raises
+    ``AnswerRefused`` naming the master, the minion and what to run.
+    """
+    try:
+        speaks_for, failed, answer = multimaster_seal.open_answer(
+            ret.get("ret"), function, nonce, minion_pub
+        )
+    except multimaster_seal.SealError as exc:
+        log.warning(
+            "multimaster: %s of %s (jid %s) refused: %s", function, minion, ret.get("jid"), exc
+        )
+        if str(exc) == "not a signed answer":
+            raise AnswerRefused(_unsigned(master, minion, function)) from None
+        raise AnswerRefused(
+            f"{master}: the answer to {function} under {minion}'s id does not verify with "
+            f"{minion}'s key accepted on this master (a return another minion sent under its "
+            "id, or one made for another call): nothing of it was used"
+        ) from None
+    if failed:
+        return answer if isinstance(answer, str) else str(answer)[:2000], True
+    if speaks_for != master:
+        raise AnswerRefused(
+            f"{master}: {minion} answered {function} as the control minion of "
+            f"{speaks_for!r} (it speaks for {speaks_for}, not {master}): nothing of it was "
+            f"used; check the minion_id of {master} in multimaster:masters, in this master's "
+            f"config and in {minion}'s pillar"
+        )
+    return answer, False

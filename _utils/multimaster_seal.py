@@ -8,6 +8,11 @@ recipient issued, the target master id and config dir, and an expiry of minutes.
 refuses an envelope or order that is not for it, not signed by the master it trusts, bound to
 another target, expired, or whose challenge it never issued or has already consumed: a copy
 found in a job cache, an event or a log cannot be replayed.
+
+The other way round, a control minion signs its answer to a runner with its own key: Salt
+3008 takes a return's minion id from the load's unchecked ``resource_id``, so any minion can
+return under a control minion's id. The signature covers the function, the master the minion
+speaks for, the runner's nonce for that one publish and the digest of the answer.
 """
 
 import base64
@@ -31,6 +36,7 @@ _OAEP = padding.OAEP(mgf=padding.MGF1(hashes.SHA256()), algorithm=hashes.SHA256(
 _PSS = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=padding.PSS.MAX_LENGTH)
 _SEALED = ("v", "purpose", "recipient", "bound", "wrapped_key", "nonce", "ciphertext")
 _ORDER = ("v", "purpose", "recipient", "bound", "digest")
+_ANSWER = ("v", "master", "failed", "answer", "signature")
 _CHALLENGE_RE = re.compile(r"[0-9a-f]{64}\Z")
 
 
@@ -217,6 +223,122 @@ def check_order(document, instruction, purpose, recipient, signer_pub_pem, expec
     if not isinstance(document, dict) or document.get("digest") != digest(instruction):
         raise SealError("the instruction does not match the signed order")
     return _check(document, _ORDER, purpose, recipient, signer_pub_pem, expect, challenges)
+
+
+def _json_key(key):
+    # JSON keys are strings: an integer key comes back from a JSON job cache as its text.
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, (int, float)):
+        return json.dumps(key)
+    raise SealError(f"an answer holds a key of type {type(key).__name__}, which JSON cannot carry")
+
+
+def _encoded(value):
+    """
+    The canonical JSON of ``value`` (keys sorted as JSON text, no spaces), in pieces.
+    """
+    if isinstance(value, str):
+        yield _JSON_STRING(value)
+    elif value is None or isinstance(value, (bool, int, float)):
+        yield json.dumps(value)
+    elif isinstance(value, dict):
+        yield "{"
+        items = sorted(((_json_key(k), v) for k, v in value.items()), key=lambda kv: kv[0])
+        for index, (key, item) in enumerate(items):
+            yield ("," if index else "") + _JSON_STRING(key) + ":"
+            yield from _encoded(item)
+        yield "}"
+    elif isinstance(value, (list, tuple)):
+        yield "["
+        for index, item in enumerate(value):
+            if index:
+                yield ","
+            yield from _encoded(item)
+        yield "]"
+    else:
+        raise SealError(f"an answer holds a {type(value).__name__}, which JSON cannot carry")
+
+
+_JSON_STRING = json.encoder.encode_basestring_ascii
+
+
+def answer_digest(answer):
+    """
+    SHA-256 hex of the canonical JSON of ``answer``, hashed as it is encoded (an inventory of
+    10,000 keys is never held twice). Integer keys count as their JSON text: a return read back
+    from a JSON job cache has the same digest as the one the minion sent.
+    """
+    sha = hashlib.sha256()
+    for piece in _encoded(answer):
+        sha.update(piece.encode())
+    return sha.hexdigest()
+
+
+def _answer_statement(function, master, nonce, failed, answer):
+    return _canonical(
+        {
+            "purpose": "answer",
+            "v": VERSION,
+            "function": function,
+            "master": master,
+            "nonce": nonce,
+            "failed": failed,
+            "digest": answer_digest(answer),
+        }
+    )
+
+
+def sign_answer(answer, function, master, nonce, signer_key_pem, failed=False):
+    """
+    ``answer`` (JSON data) as a control minion returns it to a runner: with its signature over
+    ``function``, the ``master`` id it speaks for (None when it cannot tell), the runner's
+    ``nonce`` and the digest of ``answer``.
+
+    failed
+        ``answer`` is the reason the function failed (a sentence).
+
+    signer_key_pem
+        The control minion's own private key (PEM).
+    """
+    if not isinstance(nonce, str) or not _CHALLENGE_RE.match(nonce):
+        raise SealError(f"answer_nonce: got {str(nonce)[:80]!r}; expected 64 hex characters")
+    signer = serialization.load_pem_private_key(signer_key_pem.encode(), password=None)
+    statement = _answer_statement(function, master, nonce, bool(failed), answer)
+    return {
+        "v": VERSION,
+        "master": master,
+        "failed": bool(failed),
+        "answer": answer,
+        "signature": _b64(signer.sign(statement, _PSS, hashes.SHA256())),
+    }
+
+
+def open_answer(document, function, nonce, signer_pub_pem):
+    """
+    Verify an answer made by ``sign_answer`` for ``function`` and ``nonce`` with the control
+    minion's public key (PEM, as accepted on this master). Returns ``(master, failed,
+    answer)``; raises ``SealError`` when ``document`` is not a signed answer, or does not
+    verify (another signer, function, nonce, master or answer).
+    """
+    if (
+        not isinstance(document, dict)
+        or set(document) != set(_ANSWER)
+        or document["v"] != VERSION
+        or not isinstance(document["failed"], bool)
+        or not isinstance(document["signature"], str)
+    ):
+        raise SealError("not a signed answer")
+    try:
+        statement = _answer_statement(
+            function, document["master"], nonce, document["failed"], document["answer"]
+        )
+        serialization.load_pem_public_key(signer_pub_pem.encode()).verify(
+            base64.b64decode(document["signature"]), statement, _PSS, hashes.SHA256()
+        )
+    except (InvalidSignature, ValueError, TypeError):
+        raise SealError("the signature does not verify") from None
+    return document["master"], document["failed"], document["answer"]
 
 
 class ChallengeStore:

@@ -320,7 +320,10 @@ def _validate_job_cache(settings):
         _fail(
             "job_cache:returner",
             job_cache.get("returner"),
-            "one of " + ", ".join(map(repr, multimaster_jobcache.RETURNERS)),
+            "one of "
+            + ", ".join(map(repr, multimaster_jobcache.RETURNERS))
+            + " (the formula's returner: Salt's pgjsonb takes its connection options from a"
+            " minion's return)",
         )
     host = job_cache.get("host")
     if not isinstance(host, str) or not host or any(c.isspace() for c in host):
@@ -337,13 +340,50 @@ def _validate_job_cache(settings):
     if not isinstance(job_cache.get("password"), str):
         _fail("job_cache:password", job_cache.get("password"), JOB_CACHE_PASSWORD_EXPECTED)
     _check_int(job_cache, "connect_timeout", "job_cache", minimum=1)
-    if job_cache.get("sslmode") not in multimaster_jobcache.SSL_MODES:
+    _validate_job_cache_tls(job_cache)
+    _check_bool(job_cache, "create_schema", "job_cache")
+
+
+def _validate_job_cache_tls(job_cache):
+    """
+    The masters hand the database the password: only over TLS, and only to a server that proves
+    it is the database (its certificate, ``verify-full``) or that knows the password itself
+    (SCRAM with ``channel_binding: require``, which also refuses a cleartext password request).
+    """
+    sslmode = job_cache.get("sslmode")
+    if sslmode not in multimaster_jobcache.TLS_MODES:
         _fail(
             "job_cache:sslmode",
-            job_cache.get("sslmode"),
-            "'' or one of libpq's sslmode values: " + ", ".join(multimaster_jobcache.SSL_MODES[1:]),
+            sslmode,
+            "one of libpq's sslmode values that require TLS: "
+            + ", ".join(multimaster_jobcache.TLS_MODES)
+            + " (disable, allow and prefer may send the password without TLS)",
         )
-    _check_bool(job_cache, "create_schema", "job_cache")
+    binding = job_cache.get("channel_binding")
+    if binding not in multimaster_jobcache.CHANNEL_BINDINGS:
+        _fail(
+            "job_cache:channel_binding",
+            binding,
+            "one of libpq's channel_binding values: "
+            + ", ".join(multimaster_jobcache.CHANNEL_BINDINGS),
+        )
+    if binding != "require" and sslmode != "verify-full":
+        _fail(
+            "job_cache:channel_binding",
+            binding,
+            f"'require' with sslmode {sslmode!r} (SCRAM bound to the TLS channel), or sslmode "
+            "'verify-full' (the server's certificate checked against sslrootcert and the host "
+            "name): otherwise whatever answers at the host can ask the masters for the password",
+        )
+    rootcert = job_cache.get("sslrootcert")
+    if not isinstance(rootcert, str) or not (rootcert in ("", "system") or os.path.isabs(rootcert)):
+        _fail(
+            "job_cache:sslrootcert",
+            rootcert,
+            "'' (libpq's default, ~/.postgresql/root.crt of the masters' user), 'system' (the "
+            "system's CA store, libpq 16 or newer) or the absolute path of the CA certificate "
+            "file on the masters",
+        )
 
 
 def _validate_cluster(settings):

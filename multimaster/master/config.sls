@@ -20,11 +20,20 @@ multimaster-master-config-file-managed:
 
 {%-   if mapdata.job_cache.enabled %}
 
+{#- The master loads its master_job_cache from its own extension_modules: the returner is
+    there before the options name it (a master lacking it could not publish). #}
+multimaster-master-config-job-cache-returner-installed:
+  multimaster.job_cache_returner_installed:
+    - name: {{ master.extension_modules }}/returners/{{ mapdata.job_cache.returner }}.py
+    - user: {{ master.user }}
+
 {#- The database password lives in this 0600 file only (computed at run time, no diff). #}
 multimaster-master-config-job-cache-managed:
   multimaster.job_cache_config_managed:
     - name: {{ master.config_dir }}/master.d/{{ mapdata.lookup.job_cache_config_file }}
     - user: {{ master.user }}
+    - require:
+      - multimaster: multimaster-master-config-job-cache-returner-installed
 {%-     if mapdata.job_cache.create_schema %}
 
 multimaster-master-config-job-cache-schema-present:
@@ -33,6 +42,14 @@ multimaster-master-config-job-cache-schema-present:
     - require:
       - multimaster: multimaster-master-config-job-cache-managed
 {%-     endif %}
+{%-   endif %}
+
+{%-   if mapdata.reactor.keys or mapdata.reactor.first_highstate %}
+
+{#- The reactors call the formula's runners: in place before the restart below. #}
+multimaster-master-config-runners-synced:
+  multimaster.master_runners_synced:
+    - name: {{ master.id | json }}
 {%-   endif %}
 
 multimaster-master-config-key-files-secure:

@@ -27,7 +27,11 @@ multimaster-master-service-running-master-restarted:
       - multimaster: multimaster-cluster-config-file-managed
 {%-   endif %}
 {%-   if mapdata.job_cache.enabled %}
+      - multimaster: multimaster-master-config-job-cache-returner-installed
       - multimaster: multimaster-master-config-job-cache-managed
+{%-   endif %}
+{%-   if mapdata.reactor.keys or mapdata.reactor.first_highstate %}
+      - multimaster: multimaster-master-config-runners-synced
 {%-   endif %}
 {%- else %}
 

@@ -26,12 +26,22 @@ multimaster-orch-add-master-refused:
 {%- else %}
 {%-   set new = found[0] %}
 
+{#- A control minion accepted moments ago signs in again only after its acceptance wait. #}
+multimaster-orch-add-master-new-control-minion-answers:
+  salt.runner:
+    - name: multimaster.wait_minions
+    - tgt: {{ new.minion_id | json }}
+    - timeout: 120
+    - failhard: true
+
 multimaster-orch-add-master-modules-synced:
   salt.function:
     - name: saltutil.sync_all
     - tgt: [{{ new.minion_id | json }}]
     - tgt_type: list
     - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-new-control-minion-answers
 
 multimaster-orch-add-master-new-master-configured:
   salt.state:

@@ -199,10 +199,18 @@ multimaster-orch-remove-master-stopped:
       - salt: multimaster-orch-remove-master-masters-settled
 {%-   endif %}
 
+{#- The pillar that dropped the master changed on the primary: the others serve it too. #}
+multimaster-orch-remove-master-roots-synced:
+  salt.runner:
+    - name: multimaster.sync_roots
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-remove-master-masters-settled
+
 multimaster-orch-remove-master-status:
   salt.runner:
     - name: multimaster.status
     - failhard: true
     - require:
-      - salt: multimaster-orch-remove-master-masters-settled
+      - salt: multimaster-orch-remove-master-roots-synced
 {%- endif %}

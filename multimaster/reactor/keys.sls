@@ -8,6 +8,12 @@
     event a peer forwarded (`__peer_id`) was the peer's to propagate, and one the runner fired
     to replay a change to the peers (`multimaster_replayed`) is not reacted to again: nothing
     loops. #}
+{#- A reaction that cannot run says so in this master's log, at error level. #}
+{%- set runners = opts.extension_modules ~ "/runners/multimaster.py" %}
+{%- if not salt["file.file_exists"](runners) %}
+{%-   do salt["log.error"]("multimaster: the key reactor cannot run: " ~ runners
+        ~ " is missing; run salt-run saltutil.sync_all on this master, then restart it") %}
+{%- endif %}
 {%- set acts = {"accept": "accept", "accepted": "accept",
                 "reject": "reject", "rejected": "reject", "delete": "delete"} %}
 {%- set act = acts.get(data.get("act")) if data.get("act") is string else None %}

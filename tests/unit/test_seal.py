@@ -4,6 +4,8 @@ single-use challenge, a target and an expiry, so a copy cannot be replayed.
 """
 
 import copy
+import hashlib
+import json
 import time
 
 import pytest
@@ -138,3 +140,68 @@ def test_signed_orders_cover_the_instruction_and_open_once(store):
     assert check(copy.deepcopy(signed), instruction)["target"] == "master2"
     with pytest.raises(multimaster_seal.SealError, match="already used"):
         check(signed, instruction)
+
+
+# --- signed answers --------------------------------------------------------------------------
+
+NONCE = "ab" * 32
+ANSWER = {"alive": True, "buckets": {7: "d" * 16, 12: "e" * 16}, "ids": ["a", "b"], "n": 1.5}
+
+
+def signed_answer(answer=ANSWER, function="key_inventory", master="master2", nonce=NONCE):
+    return multimaster_seal.sign_answer(answer, function, master, nonce, priv_pem(RECIPIENT))
+
+
+def open_answer(document, function="key_inventory", nonce=NONCE, signer=RECIPIENT):
+    return multimaster_seal.open_answer(document, function, nonce, pub_pem(signer))
+
+
+def test_a_signed_answer_opens_with_its_signer_s_key():
+    assert open_answer(signed_answer()) == ("master2", False, ANSWER)
+
+
+@pytest.mark.parametrize(
+    "change, opener",
+    [
+        (lambda d: d["answer"].update(alive=False), {}),
+        (lambda d: d.update(master="master1"), {}),
+        (lambda d: d.update(failed=True), {}),
+        (lambda d: None, {"function": "master_settled"}),
+        (lambda d: None, {"nonce": "cd" * 32}),
+        (lambda d: None, {"signer": STRANGER}),
+    ],
+    ids=["altered", "other-master", "made-a-failure", "other-function", "other-nonce", "other-key"],
+)
+def test_an_answer_altered_or_for_another_call_is_refused(change, opener):
+    document = copy.deepcopy(signed_answer())
+    change(document)
+    with pytest.raises(multimaster_seal.SealError, match="does not verify"):
+        open_answer(document, **opener)
+
+
+@pytest.mark.parametrize(
+    "document",
+    [ANSWER, "ERROR: refused", None, dict(signed_answer(), v=1), dict(signed_answer(), extra=1)],
+    ids=["plain", "string", "none", "other-version", "extra-field"],
+)
+def test_what_is_not_a_signed_answer_is_refused(document):
+    with pytest.raises(multimaster_seal.SealError, match="not a signed answer"):
+        open_answer(document)
+
+
+def test_the_answer_digest_is_that_of_the_canonical_json():
+    plain = {"b": [1, {"z": None, "a": "\u00e9"}], "a": True, "c": 2.5}
+    canonical = json.dumps(plain, sort_keys=True, separators=(",", ":")).encode()
+    assert multimaster_seal.answer_digest(plain) == hashlib.sha256(canonical).hexdigest()
+
+
+def test_an_answer_read_back_from_a_json_job_cache_still_verifies():
+    # JSON turns integer keys into strings (and their order with them): the digest must not see it.
+    document = signed_answer()
+    document["answer"] = json.loads(json.dumps(document["answer"]))
+    assert open_answer(document)[2]["buckets"] == {"7": "d" * 16, "12": "e" * 16}
+
+
+def test_an_answer_json_cannot_carry_is_refused():
+    with pytest.raises(multimaster_seal.SealError, match="a bytes"):
+        signed_answer({"raw": b"\x00"})

@@ -518,7 +518,14 @@ CASES = {
         pillar(job_cache=dict(JOB_CACHE, returner="redis")),
         "job_cache:returner",
         js("redis"),
-        "one of 'pgjsonb'",
+        "one of 'multimaster_pgjsonb'",
+    ),
+    "job-cache-salts-own-pgjsonb": (
+        pillar(job_cache=dict(JOB_CACHE, returner="pgjsonb")),
+        "job_cache:returner",
+        js("pgjsonb"),
+        "one of 'multimaster_pgjsonb' (the formula's returner: Salt's pgjsonb takes its "
+        "connection options from a minion's return)",
     ),
     "job-cache-without-host": (
         pillar(job_cache=dict(JOB_CACHE, host="")),
@@ -554,7 +561,38 @@ CASES = {
         pillar(job_cache=dict(JOB_CACHE, sslmode="on")),
         "job_cache:sslmode",
         js("on"),
-        "one of libpq's sslmode values: disable, allow, prefer, require, verify-ca, verify-full",
+        "one of libpq's sslmode values that require TLS: require, verify-ca, verify-full",
+    ),
+    "job-cache-without-tls": (
+        pillar(job_cache=dict(JOB_CACHE, sslmode="prefer")),
+        "job_cache:sslmode",
+        js("prefer"),
+        "(disable, allow and prefer may send the password without TLS)",
+    ),
+    "job-cache-sslmode-libpq-default": (
+        pillar(job_cache=dict(JOB_CACHE, sslmode="")),
+        "job_cache:sslmode",
+        js(""),
+        "one of libpq's sslmode values that require TLS",
+    ),
+    "job-cache-channel-binding-unknown": (
+        pillar(job_cache=dict(JOB_CACHE, channel_binding="yes")),
+        "job_cache:channel_binding",
+        js("yes"),
+        "one of libpq's channel_binding values: disable, prefer, require",
+    ),
+    "job-cache-tls-without-server-proof": (
+        pillar(job_cache=dict(JOB_CACHE, sslmode="verify-ca", channel_binding="prefer")),
+        "job_cache:channel_binding",
+        js("prefer"),
+        "'require' with sslmode 'verify-ca' (SCRAM bound to the TLS channel), or sslmode "
+        "'verify-full'",
+    ),
+    "job-cache-sslrootcert-relative": (
+        pillar(job_cache=dict(JOB_CACHE, sslmode="verify-full", sslrootcert="ca.crt")),
+        "job_cache:sslrootcert",
+        js("ca.crt"),
+        "the absolute path of the CA certificate file on the masters",
     ),
     "config-file-with-path": (
         pillar(lookup={"config_file": "../../minion"}),

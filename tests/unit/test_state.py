@@ -157,3 +157,58 @@ def test_master_key_files_secure(state, tmp_path):
     assert ret["result"] is False
     assert ret["changes"] == {}
     assert ret["comment"] == f"{pki / 'master.pem'}: mode 0640; expected 0400"
+
+
+def synced_returner(opts, tmp_path, content=b"# the formula's returner\n"):
+    """
+    This minion's ``extension_modules`` with the returner ``saltutil.sync_all`` put there.
+    """
+    opts["extension_modules"] = str(tmp_path / "minion-extmods")
+    synced = tmp_path / "minion-extmods" / "returners" / "multimaster_pgjsonb.py"
+    synced.parent.mkdir(parents=True)
+    synced.write_bytes(content)
+    return synced
+
+
+def test_job_cache_returner_installed_where_the_master_loads_it(state, opts, tmp_path):
+    """
+    Copied from what was synced to this minion, 0644, owned by the master's user, into
+    directories it creates owned by that user as well; a second run changes nothing.
+    """
+    synced = synced_returner(opts, tmp_path)
+    user = pwd.getpwuid(os.getuid()).pw_name
+    target = tmp_path / "master-cache" / "extmods" / "returners" / "multimaster_pgjsonb.py"
+    opts["test"] = True
+    ret = state.job_cache_returner_installed(str(target), user=user)
+    assert ret["result"] is None and ret["changes"] == {"returner": "installed"}
+    assert not target.parent.exists()
+    opts["test"] = False
+    ret = state.job_cache_returner_installed(str(target), user=user)
+    assert ret["result"] is True and ret["changes"] == {"returner": "installed"}, ret
+    assert target.read_bytes() == synced.read_bytes()
+    assert target.stat().st_mode & 0o777 == 0o644
+    for path in (target, target.parent, target.parent.parent):
+        assert path.stat().st_uid == os.getuid()
+    again = state.job_cache_returner_installed(str(target), user=user)
+    assert again["result"] is True and again["changes"] == {}
+    synced.write_bytes(b"# a newer formula\n")
+    ret = state.job_cache_returner_installed(str(target), user=user)
+    assert ret["changes"] == {"returner": "updated"}
+    assert target.read_bytes() == b"# a newer formula\n"
+
+
+def test_job_cache_returner_installed_needs_the_synced_returner(state, opts, tmp_path):
+    opts["extension_modules"] = str(tmp_path / "minion-extmods")
+    target = tmp_path / "extmods" / "returners" / "multimaster_pgjsonb.py"
+    ret = state.job_cache_returner_installed(str(target))
+    assert ret["result"] is False and "run saltutil.sync_all on it" in ret["comment"]
+    assert not target.exists()
+
+
+def test_job_cache_returner_installed_installs_only_the_formulas_returner(state, opts, tmp_path):
+    synced_returner(opts, tmp_path)
+    target = tmp_path / "extmods" / "returners" / "pgjsonb.py"
+    ret = state.job_cache_returner_installed(str(target))
+    assert ret["result"] is False
+    assert ret["comment"] == f"{target}: expected a file named multimaster_pgjsonb.py"
+    assert not target.exists()

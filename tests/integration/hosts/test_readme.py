@@ -4,8 +4,6 @@ as written on four separate hosts with Salt's default paths; only the bootstrap 
 replaced by what it installs. A change to the README that breaks it fails here.
 """
 
-import subprocess
-
 from tests.support import hosts as nshosts
 from tests.support import walkthrough
 
@@ -21,21 +19,12 @@ PRIMARY = "10.0.3.61"
 BLOCK_TIMEOUT = 600
 
 
-def _formula_git():
-    """
-    The repository under test, as the URL the walk-through clones (its committed HEAD).
-    """
-    root = walkthrough.REPO_ROOT
-    subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=True, capture_output=True)
-    return str(root)
-
-
 def test_the_failover_pair_walk_through_runs_as_written(host_set):
     blocks = walkthrough.blocks(SECTION)
     assert blocks[0].host == "every host" and "bootstrap-salt.sh" in blocks[0].script
     for host in host_set:
         nshosts.bootstrap(host, PRIMARY, master=host.name.startswith("master"))
-    env = {"FORMULA_GIT": _formula_git()}
+    env = {"FORMULA_GIT": nshosts.formula_git()}
     outputs = []
     for block in blocks[1:]:
         result = host_set[block.host].sh(block.script, check=False, timeout=BLOCK_TIMEOUT, env=env)

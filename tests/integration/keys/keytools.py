@@ -8,9 +8,13 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 import pathlib
 import re
+import signal
+import threading
 
+import psutil
 import salt.config
 from cryptography.hazmat.primitives import serialization
 
@@ -418,3 +422,93 @@ class EventCapture(devkit.Poller):
             (e.daemon_id, e.tag, json.dumps(e.full_data, default=str, sort_keys=True))
             for e in self.events.values()
         ]
+
+
+# --- forged returns --------------------------------------------------------------------------
+
+
+class ReturnForger(threading.Thread):
+    """
+    An ordinary minion answering, under ``victim``'s id, every job of ``fun`` that ``master``
+    publishes to ``victim``: it watches ``master``'s event bus for the job and sends the
+    ``_return`` over its own authenticated request channel with ``resource_id`` set to
+    ``victim``, which Salt 3008 takes as the return's id without checking it. ``sent`` lists
+    the jids it answered; ``ready`` is set once it listens; ``error`` is what stopped it.
+    """
+
+    def __init__(self, master, minion, victim, fun, answer):
+        super().__init__(daemon=True)
+        self.master, self.minion, self.victim = master, minion, victim
+        self.fun, self.answer = fun, answer
+        self.sent = []
+        self.error = None
+        self.ready = threading.Event()
+        self.done = threading.Event()
+
+    def run(self):
+        try:
+            self._forge()
+        except Exception as exc:  # reported by the test through ``error``
+            self.error = exc
+            raise
+
+    def _forge(self):
+        import salt.channel.client
+        import salt.minion
+        import salt.utils.event
+
+        opts = salt.config.minion_config(self.minion.config_file)
+        opts.update(salt.minion.resolve_dns(opts))
+        master_opts = salt.config.master_config(self.master.config_file)
+        with (
+            salt.utils.event.get_master_event(
+                master_opts, master_opts["sock_dir"], listen=True
+            ) as bus,
+            contextlib.closing(salt.channel.client.ReqChannel.factory(opts)) as channel,
+        ):
+            bus.get_event(wait=0.1)  # subscribed from here on
+            self.ready.set()
+            while not self.done.is_set():
+                event = bus.get_event(wait=0.2, tag="salt/job/", match_type="startswith", full=True)
+                if event and self._wanted(event):
+                    channel.send(self._forged(opts["id"], event["data"]["jid"]), timeout=30)
+                    self.sent.append(event["data"]["jid"])
+
+    def _wanted(self, event):
+        data = event["data"]
+        return (
+            event["tag"].endswith("/new")
+            and data.get("fun") == self.fun
+            and self.victim in (data.get("minions") or [])
+        )
+
+    def _forged(self, own_id, jid):
+        return {
+            "cmd": "_return",
+            "id": own_id,
+            "resource_id": self.victim,
+            "jid": jid,
+            "fun": self.fun,
+            "fun_args": [],
+            "return": self.answer,
+            "retcode": 0,
+            "success": True,
+        }
+
+
+@contextlib.contextmanager
+def paused(daemon):
+    """
+    ``daemon`` (a factory) and its child processes stopped with SIGSTOP inside the block, then
+    continued: what a publish finds when that host is busy or its minion restarts.
+    """
+    procs = [psutil.Process(daemon.pid)]
+    procs += procs[0].children(recursive=True)
+    for proc in procs:
+        os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)

@@ -430,3 +430,35 @@ def test_master_key_recipients_come_from_config_only(cluster):
 def master_key_files(master):
     snap = keytools.store_snapshot(master)
     return {k: v for k, v in snap.items() if not k.startswith(("minions", "."))}
+
+
+def test_a_return_forged_under_a_control_minion_s_id_is_refused(cluster):
+    """
+    An ordinary minion sees every publish and Salt 3008 takes a return's id from its unchecked
+    ``resource_id``: it answers each ``master_settled`` poll for cm3 with "settled" while cm3
+    is paused (so the forgery is the only answer). ``wait_masters`` must not take it as
+    master3's: it reports that the answer is not signed by cm3 and exits non-zero.
+    """
+    m3, cm3 = cluster.masters[2], cluster.control[2]
+    ordinary = cluster.start_minion(f"{PREFIX}-ordinary")
+    settled = {"up": True, "restart_pending": False, "settled": True}
+    forger = keytools.ReturnForger(
+        cluster.primary, ordinary, cm3.id, "multimaster_peer.master_settled", settled
+    )
+    forger.start()
+    try:
+        assert forger.ready.wait(60), f"the forger never listened: {forger.error!r}"
+        with keytools.paused(cm3):
+            ret = cluster.run("wait_masters", "timeout=10")
+            assert forger.sent, f"no master_settled job for cm3 was answered: {forger.error!r}"
+            # Salt took the forgery as cm3's return: master1's job cache holds it under cm3.
+            stored = keytools.salt_run(cluster.primary, "jobs.lookup_jid", forger.sent[0])
+    finally:
+        forger.done.set()
+        forger.join(30)
+        ordinary.terminate()
+        keytools.run_cli("salt-key", cluster.primary.config_dir, "-d", ordinary.id, "-y")
+    assert stored.data.get(cm3.id) == settled, stored
+    assert ret.returncode != 0, ret
+    assert list(ret.data["masters"]) == [m3.id], ret.data
+    assert f"not signed by {cm3.id}" in ret.data["masters"][m3.id], ret.data

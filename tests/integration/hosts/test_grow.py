@@ -1,0 +1,131 @@
+"""
+A hot set grows and shrinks on separate hosts with Salt's default paths. Its masters' reactor
+config came with the image (in ``master.d`` before the formula's runners were ever synced to
+them): once the set is built with the formula, ``salt-key -a`` on master2 reaches master1, and a
+reaction that could not run said so in the master's log at error level. Then the README's
+"Adding a master" walk-through runs as written: master3 joins and leaves.
+"""
+
+from tests.support import hosts as nshosts
+from tests.support import walkthrough
+
+HOSTS = {
+    "master1": "10.0.3.61",
+    "master2": "10.0.3.230",
+    "minion1": "10.0.3.71",
+    "minion3": "10.0.3.73",
+    "master3": "10.0.3.232",
+}
+PRIMARY = "10.0.3.61"
+IMAGE_REACTOR = """\
+reactor:
+  - salt/key: [salt://multimaster/reactor/keys.sls]
+"""
+PILLAR = """\
+multimaster:
+  mode: hot
+  reactor: {keys: true}
+  masters:
+    - {id: master1, host: 10.0.3.61}
+    - {id: master2, host: 10.0.3.230}
+  master:
+    file_roots: {base: [/srv/salt, /srv/formulas/multimaster-formula]}
+    pillar_roots: {base: [/srv/pillar]}
+"""
+WAIT_ANSWERS = """
+until [ "$(salt '{tgt}' test.ping --out=txt | grep -c ': True')" = {count} ]; do sleep 3; done
+"""
+
+
+def _accepted(host, minion):
+    return minion in host.sh("salt-key -l acc").stdout.split()
+
+
+PREPARE = f"""
+git clone "$FORMULA_GIT" /srv/formulas/multimaster-formula
+mkdir -p /srv/salt /srv/pillar
+cat > /etc/salt/master.d/roots.conf <<'YAML'
+file_roots:
+  base: [/srv/salt, /srv/formulas/multimaster-formula]
+pillar_roots:
+  base: [/srv/pillar]
+YAML
+printf "base:\\n  '*': [multimaster]\\n" > /srv/pillar/top.sls
+cat > /srv/pillar/multimaster.sls <<'YAML'
+{PILLAR}YAML
+systemctl restart salt-master
+until [ "$(salt-key -l un | grep -cxE '(master[12]|minion1)')" = 3 ]; do sleep 2; done
+salt-key -A -y
+{WAIT_ANSWERS.format(tgt="*", count=3)}
+"""
+BUILD = """
+salt '*' saltutil.sync_all && salt-run saltutil.sync_all
+salt 'master*' state.apply multimaster.master
+salt-run multimaster.sync_master_key
+salt-run multimaster.sync_roots
+salt-run multimaster.sync_keys
+# each master's runners now come from its own roots, before the restart that loads them
+salt 'master*' state.apply multimaster.master
+salt '*' state.apply multimaster.minion
+salt-run multimaster.wait_masters
+salt-run multimaster.wait_minions
+"""
+
+
+def test_key_reactor_from_the_image_propagates_once_the_set_is_built(host_set):
+    for host in host_set:
+        if host.name.startswith("master"):
+            reactor = host.path("/etc/salt/master.d/reactor.conf")
+            reactor.parent.mkdir(parents=True, exist_ok=True)
+            reactor.write_text(IMAGE_REACTOR)
+    for name in ("master1", "master2", "minion1"):
+        nshosts.bootstrap(host_set[name], PRIMARY, master=name.startswith("master"))
+    primary = host_set["master1"]
+    env = {"FORMULA_GIT": nshosts.formula_git()}
+    primary.sh(PREPARE, env=env, timeout=600)
+    # The formula is served, its runners not synced yet: the key events of the accepts above
+    # cannot be acted on, and the master's log says so at error level.
+    assert "[ERROR" in "".join(
+        line
+        for line in primary.log("master", tail=2000).splitlines(True)
+        if "the key reactor cannot run" in line
+    )
+    primary.sh(BUILD, timeout=900)
+    # A new minion of the set: its key pends on both masters; accepted on master2 only.
+    minion3 = host_set["minion3"]
+    nshosts.bootstrap(minion3, PRIMARY)
+    minion3.path("/etc/salt/minion.d/99-master-address.conf").write_text(
+        "master: [10.0.3.61, 10.0.3.230]\n"
+    )
+    minion3.sh("systemctl restart salt-minion")
+    for name in ("master1", "master2"):
+        host_set.wait(
+            f"minion3 pending on {name}",
+            lambda name=name: "minion3" in host_set[name].sh("salt-key -l un").stdout.split(),
+            60,
+        )
+    host_set["master2"].sh("salt-key -a minion3 -y")
+    host_set.wait("minion3 accepted on master1", lambda: _accepted(primary, "minion3"), 30)
+    # As for any new minion of the set (the first-highstate reactor does it where it is on).
+    primary.sh(WAIT_ANSWERS.format(tgt="minion3", count=1) + "salt minion3 saltutil.sync_all")
+
+
+def test_the_add_and_remove_master_walk_through_runs_as_written(host_set):
+    """
+    Runs after the set above is built: master3 joins with the README's blocks, every minion
+    then answers master3, and it leaves again, its salt-master stopped.
+    """
+    blocks = walkthrough.blocks("Adding a master")
+    assert blocks[0].host == "master3" and "bootstrap-salt.sh" in blocks[0].script
+    nshosts.bootstrap(host_set["master3"], PRIMARY, master=True)
+    joined, left = blocks[1], blocks[2]
+    host_set["master1"].sh(joined.script, timeout=1200)
+    answers = host_set["master3"].sh("salt '*' test.ping --out=txt", check=False).stdout
+    for minion in ("master1", "master2", "master3", "minion1", "minion3"):
+        assert f"{minion}: True" in answers, answers
+    host_set["master1"].sh(left.script, timeout=900)
+    assert (
+        not host_set["master3"].sh("systemctl is-active salt-master", check=False).returncode == 0
+    )
+    listed = host_set["minion1"].path("/etc/salt/minion.d/multimaster.conf").read_text()
+    assert "10.0.3.232" not in listed, listed
