@@ -349,14 +349,29 @@ def sync_master_modules(restart=True, service="salt-master", forms=None):
     return ret
 
 
+# How long after its salt-minion started a minion claims its first highstate (default of
+# pillar multimaster:reactor:first_highstate_window, as in the formula's defaults.yaml): long
+# enough for a new minion whose key is accepted within minutes, short enough that a start event
+# forged for a minion that has run for a while highstates nothing.
+FIRST_HIGHSTATE_WINDOW = 600
+_WINDOW_KEY = "multimaster:reactor:first_highstate_window"
+
+
 def first_highstate(**kwargs):
     """
-    Run ``state.highstate`` on this minion if nothing has claimed its first highstate yet: the
-    mark (``<pki_dir>/multimaster_first_highstate``) is created atomically, so when every
-    master's reactor calls this at once, on a restart or after a failover, exactly one call
-    runs the highstate. ``multimaster.minion`` sets the mark on minions it configures, so
-    switching the reactor on does not highstate a fleet that is already set up. Delete the
-    mark to have the next start run a highstate again.
+    Run ``state.highstate`` on this minion if nothing has claimed its first highstate yet and
+    its salt-minion started moments ago: what every master's first-highstate reactor publishes
+    when the minion starts. The mark (``<pki_dir>/multimaster_first_highstate``) is created
+    atomically, so when every master's reactor calls this at once, on a restart or after a
+    failover, exactly one call runs the highstate. ``multimaster.minion`` sets the mark on
+    minions it configures, so switching the reactor on does not highstate a fleet that is
+    already set up. Delete the mark to have the next start run a highstate again.
+
+    Any minion can fire a start event with another minion's id in it: the claim is made only
+    while this salt-minion process (the one its pidfile names, verified) started at most
+    ``multimaster:reactor:first_highstate_window`` seconds ago (pillar or minion config,
+    default 600). Past that nothing is claimed and the mark stays unset: restart the minion to
+    have its first highstate.
 
     CLI Example:
 
@@ -365,6 +380,10 @@ def first_highstate(**kwargs):
         salt web1 multimaster.first_highstate
     """
     path = multimaster_local.first_highstate_mark(__opts__)
+    if not os.path.lexists(path):
+        late = _not_just_started()
+        if late:
+            return {"highstate": False, "comment": late}
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
@@ -373,6 +392,40 @@ def first_highstate(**kwargs):
     with os.fdopen(fd, "w") as fh:
         fh.write(f"jid {kwargs.get('__pub_jid')} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")
     return {"highstate": True, "ret": __salt__["state.highstate"](queue=True)}
+
+
+def _first_highstate_window():
+    value = __salt__["config.get"](_WINDOW_KEY, FIRST_HIGHSTATE_WINDOW)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CommandExecutionError(
+            f"{_WINDOW_KEY}: got {value!r}; expected an integer number of seconds >= 1"
+        )
+    return value
+
+
+def _not_just_started():
+    """
+    Why this minion must not claim its first highstate now (its salt-minion did not start
+    within the window, or cannot be told to have), or None.
+    """
+    window = _first_highstate_window()
+    pidfile = __opts__["pidfile"]
+    since = multimaster_daemon.running_since(
+        pidfile, "salt-minion", os.path.dirname(__opts__["conf_file"])
+    )
+    if since is None:
+        return (
+            f"no running salt-minion of this config is recorded in {pidfile}: this minion cannot "
+            "tell that it just started; not claimed"
+        )
+    age = time.time() - since
+    if age > window:
+        return (
+            f"this salt-minion started {age:.0f} s ago, longer than {_WINDOW_KEY} ({window} s): "
+            "a start event for a minion that did not just start is a replay or forged; not "
+            "claimed (restart the minion to have its first highstate)"
+        )
+    return None
 
 
 def stop_master(config_dir=None, service="salt-master", timeout=60):

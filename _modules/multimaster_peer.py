@@ -196,7 +196,9 @@ def key_inventory(buckets=None, ids=None, with_pubs=False):
     one per bucket), the count and whether an interrupted run needs repair — a few KB whatever
     the number of keys. With ``buckets`` (bucket numbers) or ``ids`` (minion ids): the entries
     ``{id: [state, fp, ...]}`` in them and, with ``with_pubs``, their public keys. Every return
-    carries a fresh challenge for the runner's next order (``binding``).
+    carries a fresh challenge for the runner's next order (``binding``). Records the accepted
+    and pending ids it read in the store's record of held keys (what the key reactor checks a
+    delete event against).
 
     buckets
         List of digest bucket numbers whose entries to return.
@@ -227,6 +229,8 @@ def key_inventory(buckets=None, ids=None, with_pubs=False):
         entries, pubs = multimaster_keystore.inventory(
             mopts, with_pubs=with_pubs, ids=wanted, fp_cache=fp_cache
         )
+    # What the key reactor on this master checks a delete event against.
+    multimaster_keystore.note_held(mopts, entries, wanted)
     ret = {"alive": alive, "binding": _binding(master)}
     if full_scan:
         total, per_bucket = multimaster_keys.digests(entries)

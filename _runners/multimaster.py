@@ -35,6 +35,7 @@ try:
     import multimaster_ids
     import multimaster_keys
     import multimaster_keystore
+    import multimaster_reactor
     import multimaster_returns
     import multimaster_roots
     import multimaster_seal
@@ -590,7 +591,9 @@ def sync_keys(minion=None, prune=False, test=False, force=False, masters=None, t
     return _finish(ret, failed)
 
 
-def _one_id(op, minion_id, fingerprint, test, masters, timeout, force=False, settle=True):
+def _one_id(
+    op, minion_id, fingerprint, test, masters, timeout, force=False, settle=True, **plan_options
+):
     try:
         section = _addressable(_configured(masters, op), op)
         multimaster_ids.check_id(minion_id, "minion id")
@@ -602,7 +605,9 @@ def _one_id(op, minion_id, fingerprint, test, masters, timeout, force=False, set
     refused = {}
 
     def plan_fn(inventories):
-        plan = multimaster_keys.one_id_plan(op, minion_id, fingerprint, inventories, _ids(section))
+        plan = multimaster_keys.one_id_plan(
+            op, minion_id, fingerprint, inventories, _ids(section), **plan_options
+        )
         refused["reason"] = plan.pop("refused")
         if refused["reason"]:
             plan["actions"] = {m: [] for m in plan["actions"]}
@@ -865,6 +870,10 @@ REPLAYED_MARK = "multimaster_replayed"
 # A replay the bus refuses is retried this many times, this many seconds apart.
 REPLAY_ATTEMPTS = 5
 REPLAY_INTERVAL = 1.0
+# A key event for the same id and change as a reaction of this master that runs, or ended less
+# than this many seconds ago, does nothing: a flood of events for one change costs one
+# propagation per window (the changes an id can see are few; the events about it are not).
+KEY_REPEAT_WINDOW = 60
 
 
 def _fire_on_own_bus(data, tag, attempts=REPLAY_ATTEMPTS):
@@ -916,13 +925,18 @@ def key_event(minion, act, timeout=60):
     """
     Propagate a key change made on this master (``salt-key -a/-r/-d``) to every master: what the
     key reactor (``multimaster/reactor/keys.sls``) runs for each ``salt/key`` event. Any accepted
-    minion can put a ``salt/key`` event on a master's bus, so the event is only a hint: this
-    master's own key store must show the change (the id accepted, rejected, or gone), and what
-    propagates is what the store holds: the exact accepted key (refused, nothing changed, when
-    another master holds a different key for the id or has it rejected or denied), or a
-    reject/delete everywhere with the AES key rotated. Idempotent and safe when several masters
-    react at once (store locks, compare-and-set, re-planned when overtaken); writes fire no
-    ``salt/key`` event, so nothing loops.
+    minion can put a ``salt/key`` event on a master's bus, with any id in it, so the event is
+    only a hint: this master's own key store must show the change (the id accepted, rejected,
+    or gone), and what propagates is what the store holds: the exact accepted key (refused,
+    nothing changed, when another master holds a different key for the id or has it rejected
+    or denied), or a reject everywhere with the AES key rotated. A delete propagates only for
+    an id this master held before, as the last run that read its store recorded it
+    (``multimaster_keystore.note_held``), and removes only that key, where it is accepted or
+    pending: never a rejected or denied one. A repeat of the same change within
+    ``KEY_REPEAT_WINDOW`` seconds does nothing, so a flood of events costs reads of this
+    master's store. Idempotent and safe when several masters react at once (store locks,
+    compare-and-set, re-planned when overtaken); writes fire no ``salt/key`` event, so nothing
+    loops.
 
     In Salt's native cluster (``cluster_id`` set) the peers copy a key change from the event
     itself, but Salt 3008 applies only ``accept``/``reject`` acts while salt-key says
@@ -979,29 +993,87 @@ def key_event(minion, act, timeout=60):
         ret = _replay_to_cluster(here, minion, op, act, pubs.get(minion, {}).get("key"))
         ret["event"] = {"master": here, "id": minion, "act": act}
         return ret
-    fingerprint = held[1] if held else None
-    for _ in range(_RACE_ROUNDS):
-        ret = _one_id(op, minion, fingerprint, False, None, timeout, settle=False)
-        if not _raced(ret):
-            break
+    fingerprint = held[1] if held else multimaster_keystore.held_before(__opts__, minion)
+    if op == "delete" and fingerprint is None:
+        return _never_held(here, minion)
+    ret = _propagate_once(here, minion, op, fingerprint, timeout)
     ret["event"] = {"master": here, "id": minion, "act": act}
     return ret
 
 
-def first_highstate(minion, timeout=60):
+def _never_held(here, minion):
+    """
+    The report on a delete event for an id this master has no key for and no run found it
+    holding before: a forged (or stale) event, which must not delete the id elsewhere.
+    """
+    log.warning("multimaster: delete %s on %s: never held here; ignored", minion, here)
+    ret = {
+        "comment": f"{minion} has no key on {here}, and no run found {here} holding it "
+        "(accepted or pending) before: a stale or forged event; nothing changed (salt-run "
+        f"multimaster.delete {minion} deletes it everywhere)",
+    }
+    return _finish(ret, False)
+
+
+def _propagate_once(here, minion, op, fingerprint, timeout):
+    """
+    ``op`` of ``minion``'s key ``fingerprint`` on every master, re-planned when a concurrent
+    reaction overtook it; nothing when a reaction of this master to the same change runs or
+    ended within ``KEY_REPEAT_WINDOW``. A delete removes only accepted and pending keys.
+    """
+    with multimaster_reactor.claimed(
+        __opts__, "key", minion, [op, fingerprint], KEY_REPEAT_WINDOW
+    ) as claimed:
+        if not claimed:
+            ret = {
+                "comment": f"{op} {minion}: a reaction of {here} to the same change runs or "
+                f"ended less than {KEY_REPEAT_WINDOW} s ago; nothing to do"
+            }
+            return _finish(ret, False)
+        for _ in range(_RACE_ROUNDS):
+            # A reactor never waits on a restart, as it never waits on a minion.
+            ret = _one_id(
+                op,
+                minion,
+                fingerprint,
+                False,
+                None,
+                timeout,
+                settle=False,
+                keep_revocations=op == "delete",
+            )
+            if not _raced(ret):
+                break
+    return ret
+
+
+# A start event for a minion (and key) this master reacted to less than this many seconds ago
+# is not reacted to again: a minion starts once, and a flood of start events, forged or not,
+# costs one publish per minion and window.
+START_REPEAT_WINDOW = 30
+# What a minion that started gets: one job, so that it runs in this order, with the custom
+# modules synced first (a new minion has none): this SLS, whose one state calls
+# multimaster.first_highstate. (A job of two functions would do the same, but Salt 3008's
+# saltutil.is_running fails on one, and with it every state run on that minion meanwhile.)
+FIRST_HIGHSTATE_SLS = "multimaster.minion.first_highstate"
+FIRST_HIGHSTATE_KWARG = {"sync_mods": "all", "queue": True}
+
+
+def first_highstate(minion):
     """
     Give a minion that just started its one first highstate: what the first-highstate reactor
     (``multimaster/reactor/first_highstate.sls``) runs on every master that sees the minion
-    start. Syncs the custom modules (``saltutil.sync_all``) to the minion, then starts
-    ``multimaster.first_highstate`` there without waiting: the minion claims its mark atomically
-    and runs ``state.highstate`` only if it was first (a restart, a failover or a second master
-    finds the mark and does nothing).
+    start. Any accepted minion can fire a start event with any id in it, so the event is only a
+    hint: the id must be accepted in this master's own key store, a repeat for the same id and
+    key within ``START_REPEAT_WINDOW`` seconds does nothing, and nothing waits on the minion.
+    One job is published to it: ``state.sls multimaster.minion.first_highstate sync_mods=all
+    queue=True``, which syncs the custom modules and calls ``multimaster.first_highstate``: the
+    minion claims its mark atomically and runs ``state.highstate`` only if it was first and its
+    salt-minion started moments ago (a restart, a failover, a second master or a forged event
+    finds the mark or an old process and does nothing).
 
     minion
-        The id of the minion that started.
-
-    timeout
-        Seconds to wait for the module sync.
+        The id of the minion that started (the event's).
 
     CLI Example:
 
@@ -1009,18 +1081,70 @@ def first_highstate(minion, timeout=60):
 
         salt-run multimaster.first_highstate web1
     """
+    here = __opts__["id"]
     try:
         multimaster_ids.check_id(minion, "minion id")
     except SaltInvocationError as exc:
         return _refused(exc)
+    state, fingerprint = _own_entry(minion)[:2]
+    if state != "accepted":
+        ret = {
+            "comment": f"{minion} is {state} on {here}, not accepted: a start event it did not "
+            "send; nothing done"
+        }
+        return _finish(ret, False)
+    try:
+        jid = _first_highstate_once(minion, fingerprint)
+    except SaltClientError as exc:
+        return _finish(
+            {"error": f"{minion}: publishing state.sls {FIRST_HIGHSTATE_SLS}: {exc}"}, True
+        )
+    if jid is None:
+        ret = {
+            "comment": f"a start of {minion} with this key was reacted to less than "
+            f"{START_REPEAT_WINDOW} s ago: a repeated start event; nothing done"
+        }
+        return _finish(ret, False)
+    return _finish({"minion": minion, "jid": jid, "master": here}, False)
+
+
+def _own_entry(minion):
+    """
+    ``[state, fingerprint, ...]`` of ``minion`` in this master's own key store;
+    ``["unknown", None]`` when it holds no key for it.
+    """
+    entries, _ = multimaster_keystore.inventory(__opts__, ids={minion})
+    return entries.get(minion) or ["unknown", None]
+
+
+def _first_highstate_once(minion, fingerprint):
+    """
+    Publish ``FIRST_HIGHSTATE_SLS`` to ``minion`` and return its jid; None, publishing nothing,
+    when a start of it with the key ``fingerprint`` was reacted to within the window.
+    """
+    with multimaster_reactor.claimed(
+        __opts__, "start", minion, fingerprint, START_REPEAT_WINDOW
+    ) as claimed:
+        return _publish_first_highstate(minion) if claimed else None
+
+
+def _publish_first_highstate(minion):
+    """
+    Publish ``FIRST_HIGHSTATE_SLS`` to ``minion`` and return its jid, waiting for nothing: a
+    minion that holds its jobs (or answers ``saltutil.find_job`` for ever) must not hold a
+    reactor worker, which the key reactor shares.
+    """
     with salt.client.get_local_client(__opts__["conf_file"]) as client:
-        synced = multimaster_returns.cmd_returns(
-            client, [minion], "saltutil.sync_all", timeout=timeout
-        ).get(minion)
-        if not isinstance(synced, dict) or synced.get("retcode", 0) != 0:
-            return _finish({"error": f"{minion}: saltutil.sync_all failed: {synced}"}, True)
-        jid = client.cmd_async([minion], "multimaster.first_highstate", tgt_type="list")
-    return _finish({"minion": minion, "jid": jid, "master": __opts__["id"]}, not jid)
+        jid = client.cmd_async(
+            [minion],
+            "state.sls",
+            [FIRST_HIGHSTATE_SLS],
+            tgt_type="list",
+            kwarg=dict(FIRST_HIGHSTATE_KWARG),
+        )
+    if not jid:
+        raise SaltClientError("the master published no job")
+    return jid
 
 
 # --- master key ------------------------------------------------------------------------------

@@ -611,7 +611,7 @@ def _add_all(result, minion_id, held, op, fp, masters):
         )
 
 
-def one_id_plan(op, minion_id, fingerprint, inventories, order):
+def one_id_plan(op, minion_id, fingerprint, inventories, order, keep_revocations=False):
     """
     The plan of the runner's ``accept``/``reject``/``delete`` of one id, on every master.
 
@@ -626,6 +626,11 @@ def one_id_plan(op, minion_id, fingerprint, inventories, order):
 
     inventories, order
         As for ``plan``.
+
+    keep_revocations
+        A ``delete`` removes only accepted and pending keys, and none where the id also has a
+        denied key: rejected and denied records stay (reported in ``warnings``). What the key
+        reactor sends: an event may be forged, a revocation is never undone on its word.
 
     ``accept``: accepted on every master where it is not, also where it was unknown or only
     pending on one master; refused when the key is rejected anywhere or that very key is denied
@@ -645,7 +650,7 @@ def one_id_plan(op, minion_id, fingerprint, inventories, order):
         held = {m: _entry(inventories[m].get(minion_id), m, minion_id) for m in masters}
         result["refused"] = _one_id_refusal(result, op, minion_id, fingerprint, held)
         if result["refused"] is None:
-            _one_id_actions(result, op, minion_id, held)
+            _one_id_actions(result, op, minion_id, held, keep_revocations)
     return result
 
 
@@ -689,14 +694,28 @@ def _fingerprint_refusal(minion_id, fingerprint, keys):
     return None
 
 
-def _one_id_actions(result, op, minion_id, held):
+def _one_id_actions(result, op, minion_id, held, keep_revocations=False):
     if op == "delete":
-        _add_all(result, minion_id, held, "delete", None, [m for m, e in held.items() if e])
+        targets = [m for m, e in held.items() if e]
+        if keep_revocations:
+            kept = [m for m in targets if _revoked(held[m])]
+            if kept:
+                _warn(result, minion_id, f"rejected or denied on {', '.join(kept)}: kept")
+            targets = [m for m in targets if m not in kept]
+        _add_all(result, minion_id, held, "delete", None, targets)
         return
     state = "accepted" if op == "accept" else "rejected"
     fp = next(iter(_keys(held).values()))
     targets = [m for m, e in held.items() if not e or e.state != state]
     _add_all(result, minion_id, held, op, fp, targets)
+
+
+def _revoked(entry):
+    """
+    True for what a delete that keeps revocations leaves: a rejected or denied key, or a key
+    beside a denied one.
+    """
+    return entry.state not in ("accepted", "pending") or entry.has_denied
 
 
 # --- what a plan needs before it is applied --------------------------------------------------

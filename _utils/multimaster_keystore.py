@@ -25,6 +25,7 @@ import contextlib
 import errno
 import fcntl
 import glob
+import json
 import logging
 import os
 import stat
@@ -34,6 +35,7 @@ import time
 import cryptography.exceptions
 import multimaster_ids
 import multimaster_keys
+import multimaster_reactor
 import multimaster_saltlayout
 import salt.config
 import salt.utils.files
@@ -60,6 +62,16 @@ TARGET_STATE = {
 }
 # States a rejection overrides (Salt's priority): writing them never removes a rejected key.
 _SOFT_STATES = ("accepted", "pending")
+# The record of the ids this store held (``note_held``): in the master's cachedir (a read of the
+# store writes it, and nothing but keys belongs in the pki dir), with a lock of its own, so a
+# read records it without waiting for a write to end.
+HELD_FILE = "held_keys.json"
+HELD_LOCK = ".held_keys.lock"
+HELD_LOCK_TIMEOUT = 10
+# An id a read found gone stays "held before" this long, so the key reactor still propagates
+# its deletion when a read of another run got there first (salt-key -D deletes many ids at
+# once, and their reactions queue).
+HELD_GRACE = 300
 
 
 def master_opts(config_dir):
@@ -133,7 +145,12 @@ def locked(mopts, timeout=60):
     mopts
         The master's opts, as Salt loads them from its config dir (``master_opts``).
     """
-    path = os.path.join(_pki(mopts), LOCK_FILE)
+    with _locked_path(os.path.join(_pki(mopts), LOCK_FILE), timeout) as path:
+        yield path
+
+
+@contextlib.contextmanager
+def _locked_path(path, timeout):
     fd = _open_lock(path)
     try:
         _flock(fd, path, timeout)
@@ -398,6 +415,120 @@ def _check_store(mopts):
         raise CommandExecutionError("; ".join(problems))
 
 
+# --- what this store held --------------------------------------------------------------------
+
+
+def note_held(mopts, entries, ids=None, now=None):
+    """
+    Record which ids this master's store holds accepted or pending, as a read just found them:
+    ``entries`` as ``inventory`` returns them, ``ids`` the ids that read covered (a set or a
+    predicate, as for ``inventory``; None: all). The key reactor propagates a deletion only for
+    an id recorded here (``held_before``), so a forged delete event for an id this master never
+    held deletes nothing anywhere. An id recorded before that the read finds gone stays, marked
+    gone, for ``HELD_GRACE`` seconds.
+
+    The record (``held_path``) is public data, rewritten atomically under a lock of its own,
+    owned by the master's user. Bookkeeping only: a failure is logged, never raised. Returns
+    whether the record is up to date.
+
+    mopts
+        The master's opts, as Salt loads them from its config dir (``master_opts``).
+    """
+    now = time.time() if now is None else now
+    held = {i: e[1] for i, e in entries.items() if e[0] in _SOFT_STATES and e[1]}
+    try:
+        directory = _master_owned_dir(mopts, os.path.dirname(held_path(mopts)))
+        with _locked_path(os.path.join(directory, HELD_LOCK), HELD_LOCK_TIMEOUT):
+            record = _read_held(mopts)
+            merged = _merge_held(record, held, _wanted(ids), now)
+            if merged != record:
+                _write_held(mopts, merged)
+    except (OSError, CommandExecutionError) as exc:
+        log.warning("multimaster: cannot record the keys %s holds: %s", _pki(mopts), exc)
+        return False
+    return True
+
+
+def held_path(mopts):
+    """
+    Where ``note_held`` keeps its record: ``<cachedir>/multimaster/held_keys.json`` of the
+    master.
+
+    mopts
+        The master's opts (``master_opts``, or a master's own ``__opts__``).
+    """
+    return os.path.join(mopts["cachedir"], "multimaster", HELD_FILE)
+
+
+def held_before(mopts, minion_id, now=None):
+    """
+    The fingerprint of ``minion_id``'s key as a read of this master's store last found it held
+    (accepted or pending), unless a read has found it gone for longer than ``HELD_GRACE``
+    seconds; None when it was never recorded (see ``note_held``).
+
+    mopts
+        The master's opts (``master_opts``, or a master's own ``__opts__``).
+    """
+    now = time.time() if now is None else now
+    fp, gone = _read_held(mopts).get(minion_id, (None, None))
+    return fp if gone is None or now - gone <= HELD_GRACE else None
+
+
+def _merge_held(record, held, covered, now):
+    """
+    ``record`` (``{id: [fingerprint, gone since or None]}``) after a read that found ``held``
+    (``{id: fingerprint}``) among the ids ``covered`` says it read.
+    """
+    merged = {}
+    for minion_id, (fp, gone) in record.items():
+        if gone is None and covered(minion_id) and minion_id not in held:
+            gone = now
+        if gone is None or now - gone <= HELD_GRACE:
+            merged[minion_id] = [fp, gone]
+    merged.update({minion_id: [fp, None] for minion_id, fp in held.items()})
+    return merged
+
+
+def _read_held(mopts):
+    """
+    The record, never through a link; empty when there is none or what is there is not one.
+    """
+    record = multimaster_reactor.read_record(held_path(mopts), "a record of held keys")
+    return {i: list(entry) for i, entry in record.items() if _is_held_entry(entry)}
+
+
+def _is_held_entry(entry):
+    if not isinstance(entry, list) or len(entry) != 2:
+        return False
+    fp, gone = entry
+    moment = isinstance(gone, (int, float)) and not isinstance(gone, bool)
+    return multimaster_keys.is_fingerprint(fp) and (gone is None or moment)
+
+
+def _write_held(mopts, record):
+    path = held_path(mopts)
+    text = json.dumps(record, sort_keys=True)
+    tmp = _stage(os.path.dirname(path), text, _uid(mopts), prefix=HELD_FILE + ".")
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        _discard([tmp])
+        raise
+
+
+def _master_owned_dir(mopts, path):
+    """
+    ``path`` as a directory only the master's user can enter, owned by that user when this
+    process could make it so (a control minion running as root creates it for a master that
+    runs as another user, and that master keeps its own files there too).
+    """
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    uid = _uid(mopts)
+    if uid is not None and os.geteuid() == 0 and os.stat(path).st_uid != uid:
+        os.chown(path, uid, -1)
+    return path
+
+
 # --- repair ----------------------------------------------------------------------------------
 
 
@@ -500,12 +631,12 @@ def _uid(mopts):
     return salt.utils.user.get_uid(user) if user else None
 
 
-def _stage(tmp_dir, text, uid, mode=0o600, sync=False):
+def _stage(tmp_dir, text, uid, mode=0o600, sync=False, prefix="tmp"):
     """
     Write ``text`` to a new file in ``tmp_dir`` (same filesystem as its target: the rename is
-    atomic) with ``mode``, owned by ``uid``; returns its path.
+    atomic) named ``<prefix>XXXXXXXX``, with ``mode``, owned by ``uid``; returns its path.
     """
-    fd, tmp = tempfile.mkstemp(dir=tmp_dir)
+    fd, tmp = tempfile.mkstemp(dir=tmp_dir, prefix=prefix)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(text.encode())
@@ -674,8 +805,9 @@ def apply_actions(mopts, checked):
 
     Repairs what an interrupted run left, reads the current entries of those ids, skips every
     action whose id's entry is no longer ``expect`` (compared as lists), writes the rest (an
-    accept is still skipped when the key is rejected or denied at write time), and rotates the
-    AES key when an accepted key was rejected or deleted.
+    accept is still skipped when the key is rejected or denied at write time), rotates the AES
+    key when an accepted key was rejected or deleted, and records what those ids hold now
+    (``note_held``).
 
     Returns ``{"done": [{"id", "op"}], "skipped": [{"id", "op", "reason"}], "repaired": [id],
     "rotated": bool}``.
@@ -696,6 +828,8 @@ def apply_actions(mopts, checked):
         rotated = any(_revokes(action["op"], held) for action, _, held in done)
         if rotated:
             rotate_aes(mopts)
+        written = {minion_id for minion_id, _, _ in changes}
+        note_held(mopts, inventory(mopts, ids=written)[0], written)
     return {
         "done": [{"id": action["id"], "op": action["op"]} for action, _, _ in done],
         "skipped": skipped,

@@ -200,6 +200,7 @@ def _validate_merged(settings):
     _validate_job_cache(settings)
     for key in REACTORS:
         _check_bool(settings["reactor"], key, "reactor")
+    _check_int(settings["reactor"], "first_highstate_window", "reactor", minimum=1)
     _check_mapping(settings["master"], "gitfs", "master")
     for key in ("master", "minion"):
         _check_mapping(settings["lookup"], key, "lookup")

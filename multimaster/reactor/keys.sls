@@ -2,10 +2,12 @@
 # vim: ft=sls
 {#- Reactor for `salt/key` (rendered into master.d by multimaster.master when pillar
     multimaster:reactor:keys is true). Any accepted minion can put a `salt/key` event on a
-    master's bus (a pretagged minion event), so the event is only a hint: the runner reads this
-    master's own key store and propagates only what it finds there. In a cluster, an event a
-    peer forwarded (`__peer_id`) was the peer's to propagate, and one the runner fired to replay
-    a change to the peers (`multimaster_replayed`) is not reacted to again: nothing loops. #}
+    master's bus (a pretagged minion event) with any id in it, so the event is only a hint: the
+    runner reads this master's own key store and propagates only what it finds there (a delete
+    only for an id this master held before), once per change in a window. In a cluster, an
+    event a peer forwarded (`__peer_id`) was the peer's to propagate, and one the runner fired
+    to replay a change to the peers (`multimaster_replayed`) is not reacted to again: nothing
+    loops. #}
 {#- A reaction that cannot run says so in this master's log, at error level. #}
 {%- set runners = opts.extension_modules ~ "/runners/multimaster.py" %}
 {%- if not salt["file.file_exists"](runners) %}

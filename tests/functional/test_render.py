@@ -20,6 +20,8 @@ FORMULA = ROOT / "multimaster"
 
 # Reactor and orchestrate SLS render only in their own context (event data, runner).
 CONTEXT_ONLY = ("reactor", "orch")
+# What the first-highstate reactor applies to a new minion reads no pillar (it may have none).
+PILLAR_FREE = ("multimaster.minion.first_highstate",)
 
 
 def sls_names():
@@ -188,6 +190,19 @@ def args(body):
 
 def test_every_sls_is_covered():
     assert REQUIRED_SLS <= set(SLS)
+
+
+def test_the_first_highstate_sls_only_calls_the_claim(rendered):
+    """
+    With any pillar, or a bad one: one state, ``multimaster.first_highstate`` through
+    ``module.run``, which claims the mark and runs the highstate on the minion.
+    """
+    bad = {name: value[:2] for name, value in BAD.items()}
+    for _, results in (rendered("example"), rendered("interval", bad)):
+        found = states(results["multimaster.minion.first_highstate"])
+        assert list(found) == ["multimaster-minion-first-highstate-module-run"], found
+        fun, kwargs = args(found["multimaster-minion-first-highstate-module-run"])
+        assert fun == "module.run" and kwargs["multimaster.first_highstate"] == [], kwargs
 
 
 @pytest.mark.parametrize("sls", SLS)
@@ -486,7 +501,7 @@ BAD = {
 }
 
 
-@pytest.mark.parametrize("sls", SLS)
+@pytest.mark.parametrize("sls", [name for name in SLS if name not in PILLAR_FREE])
 @pytest.mark.parametrize("bad", list(BAD))
 def test_bad_pillar_fails_every_sls(rendered, bad, sls):
     _, results = rendered(bad, {k: v[:2] for k, v in BAD.items()})

@@ -3,8 +3,11 @@ The reactors ``multimaster.master`` renders from ``multimaster:reactor`` on two 
 
 Keys: a ``salt-key`` accept, reject or delete on either master reaches the other (the exact key,
 AES rotated on revocation); a conflict changes nothing; the same accept on both masters at once
-converges; ``salt/key`` events forged by a minion change nothing. First highstate: a new minion
-gets exactly one highstate for both masters, none on a restart, and one while a master is down.
+converges; ``salt/key`` events forged by a minion change nothing, a forged delete for an id a
+master never held deletes nothing anywhere, and a flood of them stalls no reactor. First
+highstate: a new minion gets exactly one highstate for both masters, none on a restart, and one
+while a master is down; a start event forged for another minion highstates nothing, and a flood
+of start events from a minion that holds its jobs stalls no reactor.
 
 The control minions' keys are placed in both stores before anything starts, so no key event of
 the set-up reaches the reactors under test.
@@ -30,6 +33,14 @@ REACTORS = {"keys": True, "first_highstate": True}
 # How long a reactor may take to act (a runner job on the master, calls to control minions).
 REACT_TIMEOUT = 90
 FRESH = "rx-fresh"
+# The runner's START_REPEAT_WINDOW: a start event for the same minion and key within this many
+# seconds of the last one is not reacted to again.
+START_REPEAT_WINDOW = 30
+# How many forged events a flood puts on the masters' buses at once.
+FLOOD = 200
+# What the README promises: behind a flood of forged events, a salt-key change still reaches
+# the other master within this many seconds.
+FLOOD_BOUND = 60
 
 
 def control_id(index):
@@ -131,11 +142,12 @@ def reactor_set(masters, pillar_tree):
         yield master1, master2
 
 
-def start_minion(master, minion_id, stack, wait=True):
+def start_minion(master, minion_id, stack, wait=True, **extra):
     """
-    A minion hot to both masters (not started); stopped, with whatever replaced it, at the end.
+    A minion hot to both masters (not started), with the minion options ``extra``; stopped,
+    with whatever replaced it, at the end.
     """
-    overrides = harness.minion_overrides(MASTER_HOSTS[0], PORTS, master=list(MASTER_HOSTS))
+    overrides = harness.minion_overrides(MASTER_HOSTS[0], PORTS, master=list(MASTER_HOSTS), **extra)
     if not wait:
         overrides["pytest-minion"] = {"master-id": None}
     factory = master.salt_minion_daemon(minion_id, overrides=overrides)
@@ -196,6 +208,61 @@ def salt_key(master, *args):
     ret = keytools.run_cli("salt-key", master.config_dir, *args, "-y", timeout=60)
     assert ret.returncode == 0, ret
     return ret
+
+
+def forge(master, sender, events):
+    """
+    ``sender``, an accepted minion (its job published from ``master``), puts ``events``
+    (``(tag, data)`` pairs) on its masters' buses as one pretagged minion event: what any
+    minion can do, with any id in the data.
+    """
+    load = {
+        "data": None,
+        "tag": "forged",
+        "events": [{"tag": tag, "data": data} for tag, data in events],
+        "pretag": "salt",
+    }
+    ret = keytools.run_cli(
+        "salt", master.config_dir, "--static", "--timeout=60", sender, "event.fire",
+        json.dumps(load), "fire_master",
+    )  # fmt: skip
+    assert ret.returncode == 0, ret
+
+
+def runs_started(event_listener, master, fun, after):
+    """
+    How many ``runner.multimaster.<fun>`` jobs the reactors of ``master`` started since ``after``.
+    """
+    events = event_listener.get_events([(master.id, "salt/run/*/new")], after_time=after)
+    return sum(1 for e in events if e.data.get("fun") == f"runner.multimaster.{fun}")
+
+
+def a_change_reaches_master2_behind_a_flood(reactor_set, event_listener, flood_start, fun):
+    """
+    Once the reactors of master1 have taken the flood (jobs of ``fun`` started since
+    ``flood_start``), ``salt-key -r`` of a key accepted on both masters on master1: the
+    rejection reaches master2 within ``FLOOD_BOUND`` seconds. Returns how long it took.
+    """
+    master1, master2 = reactor_set
+    minion_id = f"rx-flooded-{fun.replace('_', '-')}"
+    pem = keytools.new_public_pem()
+    for master in reactor_set:
+        keytools.write_key(master, "minions", minion_id, pem)
+    wait_for(
+        lambda: runs_started(event_listener, master1, fun, flood_start) >= 10,
+        REACT_TIMEOUT,
+        interval=0.2,
+        what=f"master1's reactor taking the flood of {fun} events",
+    )
+    start = time.time()
+    salt_key(master1, "-r", minion_id, "--include-accepted")
+    wait_for(
+        lambda: state_of(master2, minion_id) == ("minions_rejected", keytools.fingerprint(pem)),
+        FLOOD_BOUND,
+        interval=0.2,
+        what=f"{minion_id} rejected on master2 behind the flood",
+    )
+    return time.time() - start
 
 
 # --- keys ------------------------------------------------------------------------------------
@@ -260,16 +327,44 @@ def test_reject_on_master1_revokes_on_master2_and_rotates(reactor_set, event_lis
     assert ret["retcode"] == 0 and ret["masters"][master2.id]["aes_rotated"] is True, ret
 
 
-def test_delete_on_master2_deletes_on_master1(reactor_set, event_listener):
+def test_delete_on_master2_of_a_key_accepted_on_master1_deletes_it_on_master1(
+    reactor_set, event_listener
+):
+    """
+    The key came to master2 from master1's reactor (``salt-key -a`` there): ``salt-key -d`` on
+    master2 deletes it on master1, whose AES key rotates.
+    """
     master1, master2 = reactor_set
-    pem = keytools.new_public_pem()
-    for master in reactor_set:
-        keytools.write_key(master, "minions", "rx-del", pem)
+    fp = pending_everywhere(reactor_set, "rx-del")
+    salt_key(master1, "-a", "rx-del")
+    wait_for(
+        lambda: state_of(master2, "rx-del") == ("minions", fp),
+        REACT_TIMEOUT,
+        what="rx-del accepted on master2",
+    )
     start = time.time()
     salt_key(master2, "-d", "rx-del")
     wait_for(lambda: state_of(master1, "rx-del") is None, REACT_TIMEOUT, what="rx-del gone")
     (ret,) = wait_reactor(event_listener, master2, "key_event", "rx-del", start)
     assert ret["retcode"] == 0 and ret["masters"][master1.id]["aes_rotated"] is True, ret
+
+
+def test_delete_of_a_key_a_sync_keys_run_saw_reaches_the_other_master(reactor_set, event_listener):
+    """
+    A key both stores held before the reactors ever acted on it: any run that read the stores
+    (``sync_keys``, ``status``) recorded it as held, so its ``salt-key -d`` propagates.
+    """
+    master1, master2 = reactor_set
+    pem = keytools.new_public_pem()
+    for master in reactor_set:
+        keytools.write_key(master, "minions", "rx-old", pem)
+    ret = keytools.salt_run(master1, "multimaster.sync_keys")
+    assert ret.returncode == 0, ret
+    start = time.time()
+    salt_key(master2, "-d", "rx-old")
+    wait_for(lambda: state_of(master1, "rx-old") is None, REACT_TIMEOUT, what="rx-old gone")
+    (ret,) = wait_reactor(event_listener, master2, "key_event", "rx-old", start)
+    assert ret["retcode"] == 0, ret
 
 
 def test_accept_of_a_conflicting_key_changes_nothing_elsewhere(reactor_set, event_listener):
@@ -319,15 +414,10 @@ def test_key_events_forged_by_a_minion_change_nothing(reactor_set, event_listene
     before = {m.id: keytools.store_snapshot(m) for m in reactor_set}
     start = time.time()
     forged = [
-        {"tag": "key", "data": {"result": True, "act": "delete", "id": "rx-victim"}},
-        {"tag": "key", "data": {"result": True, "act": "accepted", "id": "rx-sneak"}},
+        ("key", {"result": True, "act": "delete", "id": "rx-victim"}),
+        ("key", {"result": True, "act": "accepted", "id": "rx-sneak"}),
     ]
-    load = {"data": None, "tag": "key", "events": forged, "pretag": "salt"}
-    ret = keytools.run_cli(
-        "salt", master1.config_dir, "--static", control_id(1), "event.fire",
-        json.dumps(load), "fire_master",
-    )  # fmt: skip
-    assert ret.returncode == 0, ret
+    forge(master1, control_id(1), forged)
     for minion_id in ("rx-victim", "rx-sneak"):
         rets = wait_reactor(event_listener, master1, "key_event", minion_id, start)
         assert all("nothing changed" in r["comment"] for r in rets), rets
@@ -335,7 +425,73 @@ def test_key_events_forged_by_a_minion_change_nothing(reactor_set, event_listene
     assert state_of(master1, "rx-sneak") == ("minions_pre", fp_pending)
 
 
+def test_a_forged_delete_for_ids_master1_never_held_deletes_nothing_anywhere(
+    reactor_set, event_listener
+):
+    """
+    master2 alone holds four ids (accepted, pending, rejected, denied: a failover minion, a
+    spoof record). A minion forges their deletes: master1's store has no key for them, as after
+    a real ``salt-key -d``, but master1 never held them, so nothing changes on either master.
+    """
+    master1, master2 = reactor_set
+    ids = {
+        "rx-far-acc": "minions",
+        "rx-far-pre": "minions_pre",
+        "rx-far-rej": "minions_rejected",
+        "rx-far-den": "minions_denied",
+    }
+    for minion_id, state_dir in ids.items():
+        keytools.write_key(master2, state_dir, minion_id, keytools.new_public_pem())
+    before = {m.id: keytools.store_snapshot(m) for m in reactor_set}
+    start = time.time()
+    forge(
+        master1,
+        control_id(1),
+        [("key", {"result": True, "act": "delete", "id": minion_id}) for minion_id in ids],
+    )
+    for minion_id in ids:
+        (ret,) = wait_reactor(event_listener, master1, "key_event", minion_id, start)
+        assert ret["retcode"] == 0 and "nothing changed" in ret["comment"], ret
+    assert {m.id: keytools.store_snapshot(m) for m in reactor_set} == before
+
+
+def test_a_flood_of_forged_key_events_stalls_no_reactor(reactor_set, event_listener):
+    """
+    A minion forges ``FLOOD`` deletes of ids no master holds and ``FLOOD`` accepts of its own
+    accepted key: each cost every control minion a round before. A ``salt-key -r`` behind them
+    still reaches the other master.
+    """
+    master1, _ = reactor_set
+    flood_start = time.time()
+    deletes = [
+        ("key", {"result": True, "act": "delete", "id": f"rx-ghost{i}"}) for i in range(FLOOD)
+    ]
+    accepts = [("key", {"result": True, "act": "accepted", "id": control_id(1)})] * FLOOD
+    forge(master1, control_id(1), deletes + accepts)
+    took = a_change_reaches_master2_behind_a_flood(
+        reactor_set, event_listener, flood_start, "key_event"
+    )
+    print(f"\nreactor: salt-key -r behind {2 * FLOOD} forged key events: {took:.2f}s")
+
+
 # --- first highstate -------------------------------------------------------------------------
+
+
+FIRST_HIGHSTATE = "multimaster.first_highstate"
+
+
+def claim_of(ret):
+    """
+    What ``multimaster.first_highstate`` returned in a job's return, or None for another job:
+    the reactors run it as the one state of ``multimaster.minion.first_highstate``.
+    """
+    if ret.get("fun") != "state.sls" or "first_highstate" not in str(ret.get("fun_args")):
+        return None
+    states = ret["return"] if isinstance(ret["return"], dict) else {"": ret["return"]}
+    for state in states.values():
+        if isinstance(state, dict):
+            return state.get("changes", {}).get(FIRST_HIGHSTATE, state.get("comment"))
+    return states
 
 
 def highstates(counter, minion_id):
@@ -354,9 +510,7 @@ def first_highstate_returns(event_listener, masters, minion_id, after):
         events = event_listener.get_events(
             [(master.id, f"salt/job/*/ret/{minion_id}")], after_time=after
         )
-        return [
-            e.data["return"] for e in events if e.data.get("fun") == "multimaster.first_highstate"
-        ]
+        return [c for c in (claim_of(e.data) for e in events) if c is not None]
 
     return wait_for(
         lambda: all(returned(m) for m in masters) and [returned(m)[0] for m in masters],
@@ -405,7 +559,7 @@ def accepted_on(master, minion_id):
 def test_a_new_minion_gets_one_highstate_and_none_on_restart(reactor_set, counter, event_listener):
     """
     Both masters see the new minion start and react; it runs one highstate. A restart (both
-    masters react again) runs none.
+    masters react again, once the repeat window of the first start has passed) runs none.
     """
     master1, master2 = reactor_set
     minion_id = f"{FRESH}1"
@@ -417,6 +571,7 @@ def test_a_new_minion_gets_one_highstate_and_none_on_restart(reactor_set, counte
         assert sorted(r["highstate"] for r in rets) == [False, True], rets
         assert highstates(counter, minion_id) == 1
 
+        time.sleep(START_REPEAT_WINDOW + 1)
         restarted = time.time()
         minion.terminate()
         kill_daemons_of(minion.config_dir)
@@ -424,6 +579,57 @@ def test_a_new_minion_gets_one_highstate_and_none_on_restart(reactor_set, counte
         rets = first_highstate_returns(event_listener, reactor_set, minion_id, restarted)
         assert [r["highstate"] for r in rets] == [False, False], rets
         assert highstates(counter, minion_id) == 1
+
+
+def test_a_start_event_forged_for_a_victim_never_highstates_it(
+    reactor_set, counter, event_listener, pillar_tree
+):
+    """
+    A minion that has run for longer than its window has no mark (deleted by hand, or never
+    set). Another minion forges its start event, once the repeat window of its real start has
+    passed: the reactors publish the claim, and the victim, which did not just start, refuses
+    it.
+    """
+    master1, _ = reactor_set
+    victim = f"{FRESH}3"
+    with contextlib.ExitStack() as stack:
+        start = time.time()
+        minion = fresh_minion(master1, victim, master1, stack)
+        first_highstate_returns(event_listener, reactor_set, victim, start)
+        assert highstates(counter, victim) == 1
+        pillar_tree.set(victim, {"multimaster": {"reactor": {"first_highstate_window": 5}}})
+        refreshed = keytools.salt_cmd(master1, victim, "saltutil.refresh_pillar", "wait=True")
+        assert refreshed == {victim: True}, refreshed
+        (pathlib.Path(minion.config["pki_dir"]) / "multimaster_first_highstate").unlink()
+        time.sleep(max(START_REPEAT_WINDOW, 5) + 1)
+        forged = time.time()
+        forge(master1, control_id(1), [(f"minion/{victim}/start", {"id": victim})])
+        (ret,) = first_highstate_returns(event_listener, [master1], victim, forged)
+        assert ret["highstate"] is False and "first_highstate_window" in ret["comment"], ret
+        assert highstates(counter, victim) == 1
+
+
+def test_a_flood_of_start_events_from_a_minion_that_holds_its_jobs_stalls_no_reactor(
+    reactor_set, event_listener
+):
+    """
+    A minion that runs one job at a time (so it answers neither a job nor ``saltutil.find_job``
+    while one runs) fires its own start event ``FLOOD`` times: each reaction that waited on it
+    would hold a reactor worker, and the key reactor shares them. The reactors publish once and
+    wait on nothing: a ``salt-key -r`` made behind the flood still reaches the other master.
+    """
+    master1, _ = reactor_set
+    with contextlib.ExitStack() as stack:
+        evil = start_minion(master1, "rx-evil", stack, process_count_max=1)
+        harness.preaccept(evil, reactor_set)
+        evil.start(start_timeout=START_TIMEOUT)
+        harness.wait_for_ping(master1.salt_cli(), "rx-evil", timeout=60)
+        flood_start = time.time()
+        forge(master1, "rx-evil", [("minion/rx-evil/start", {"id": "rx-evil"})] * FLOOD)
+        took = a_change_reaches_master2_behind_a_flood(
+            reactor_set, event_listener, flood_start, "first_highstate"
+        )
+        print(f"\nreactor: salt-key -r behind {FLOOD} forged start events: {took:.2f}s")
 
 
 def test_a_master_down_does_not_stop_the_first_highstate(reactor_set, counter, event_listener):

@@ -2,6 +2,7 @@
 Crash-safe key store writes for the localfs_key layout (_utils/multimaster_keystore.py).
 """
 
+import json
 import os
 import re
 import stat
@@ -404,3 +405,86 @@ def test_own_master_options_leave_the_formulas_files_out(tmp_path):
     assert own["fileserver_backend"] == ["gitfs", "roots"]
     assert own["peer_run"] == {"ops": ["jobs.*"]}
     assert ks.own_master_options(str(tmp_path / "none")) == {}
+
+
+# --- what this master held --------------------------------------------------------------------
+
+
+def note_all(mopts, now, ids=None):
+    entries, _ = ks.inventory(mopts, ids=ids)
+    ks.note_held(mopts, entries, ids, now=now)
+
+
+def test_held_before_names_the_key_of_an_id_held_accepted_or_pending(mopts):
+    put(mopts, "minions", "web1")
+    put(mopts, "minions_pre", "web2", OTHER)
+    put(mopts, "minions_rejected", "web3")
+    put(mopts, "minions_denied", "web4")
+    note_all(mopts, now=100)
+    assert ks.held_before(mopts, "web1", now=100) == FP
+    assert ks.held_before(mopts, "web2", now=100) == OTHER_FP
+    for minion_id in ("web3", "web4", "never"):
+        assert ks.held_before(mopts, minion_id, now=100) is None
+
+
+def test_an_id_gone_from_the_store_is_held_before_for_the_grace_period_only(mopts):
+    put(mopts, "minions", "web1")
+    note_all(mopts, now=100)
+    os.unlink(os.path.join(mopts["pki_dir"], "minions", "web1"))
+    assert ks.held_before(mopts, "web1", now=10**6) == FP  # no read has seen it gone yet
+    note_all(mopts, now=200)
+    assert ks.held_before(mopts, "web1", now=200 + ks.HELD_GRACE) == FP
+    assert ks.held_before(mopts, "web1", now=201 + ks.HELD_GRACE) is None
+    note_all(mopts, now=201 + ks.HELD_GRACE)
+    assert ks.held_before(mopts, "web1", now=100) is None
+
+
+def test_a_read_of_some_ids_records_only_those(mopts):
+    put(mopts, "minions", "web1")
+    put(mopts, "minions", "web2")
+    note_all(mopts, now=100)
+    for minion_id in ("web1", "web2"):
+        os.unlink(os.path.join(mopts["pki_dir"], "minions", minion_id))
+    put(mopts, "minions", "web3")
+    note_all(mopts, now=200, ids={"web1", "web3"})
+    after = 201 + ks.HELD_GRACE
+    assert ks.held_before(mopts, "web1", now=after) is None
+    assert ks.held_before(mopts, "web2", now=after) == FP
+    assert ks.held_before(mopts, "web3", now=after) == FP
+
+
+def test_apply_actions_records_what_it_leaves(mopts):
+    ks.apply_actions(mopts, [({"id": "web1", "op": "accept", "fp": FP, "expect": None}, PEM)])
+    assert ks.held_before(mopts, "web1") == FP
+    ks.apply_actions(mopts, [({"id": "web1", "op": "delete", "expect": ["accepted", FP]}, None)])
+    assert ks.held_before(mopts, "web1", now=time.time() + ks.HELD_GRACE + 1) is None
+
+
+def test_the_record_is_private_and_a_planted_link_is_neither_read_nor_followed(mopts, tmp_path):
+    put(mopts, "minions", "web1")
+    note_all(mopts, now=100)
+    record = ks.held_path(mopts)
+    assert stat.S_IMODE(os.stat(record).st_mode) == 0o600
+    elsewhere = tmp_path / "elsewhere.json"
+    planted = json.dumps({"web9": [FP, None]})
+    elsewhere.write_text(planted)
+    os.unlink(record)
+    os.symlink(elsewhere, record)
+    assert ks.held_before(mopts, "web9", now=100) is None
+    note_all(mopts, now=100)
+    assert not os.path.islink(record) and ks.held_before(mopts, "web1", now=100) == FP
+    assert elsewhere.read_text() == planted
+    assert sorted(os.listdir(os.path.dirname(record))) == sorted([ks.HELD_FILE, ks.HELD_LOCK])
+
+
+@pytest.mark.parametrize(
+    "content", ["{not json", "[1]", '{"web1": "x"}', '{"web1": [5, null]}', '{"web1": ["a", "b"]}']
+)
+def test_a_record_that_is_not_one_holds_nothing(mopts, content):
+    os.makedirs(os.path.dirname(ks.held_path(mopts)))
+    with open(ks.held_path(mopts), "w", encoding="utf-8") as handle:
+        handle.write(content)
+    assert ks.held_before(mopts, "web1", now=100) is None
+    put(mopts, "minions", "web2")
+    note_all(mopts, now=100)
+    assert ks.held_before(mopts, "web2", now=100) == FP

@@ -8,6 +8,7 @@ test. Files and sockets are real (in tmp_path); nothing is mocked but the pillar
 import os
 import pwd
 import socket
+import time
 
 import multimaster_settings
 import pytest
@@ -489,3 +490,94 @@ def test_id_problems_takes_a_mapping_only(mod):
     assert problem.startswith("pillar multimaster_new: 'web*' is not a valid id; expected")
     with pytest.raises(CommandExecutionError, match=r"^ids: got 'web\*'; expected a mapping"):
         mod.id_problems("web*")
+
+
+# --- first highstate --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def first_start(mod, opts, tmp_path, monkeypatch):
+    """
+    ``first_start(seconds_ago, window=None)``: this salt-minion (verified from its pidfile)
+    started that long ago (None: none runs) and ``config.get`` gives ``window`` for
+    ``multimaster:reactor:first_highstate_window`` (None: unset). Returns the highstates run and
+    the ``running_since`` calls.
+    """
+    opts["pki_dir"] = str(tmp_path / "minion-pki")
+    os.makedirs(opts["pki_dir"])
+    runs = {"highstates": [], "since": []}
+
+    def first_start(seconds_ago, window=None):
+        def running_since(*args):
+            runs["since"].append(args)
+            return None if seconds_ago is None else time.time() - seconds_ago
+
+        def config_get(key, default=None, **kwargs):
+            assert key == "multimaster:reactor:first_highstate_window"
+            return default if window is None else window
+
+        monkeypatch.setattr(mod.multimaster_daemon, "running_since", running_since)
+        monkeypatch.setitem(mod.__salt__, "config.get", config_get)
+        monkeypatch.setitem(
+            mod.__salt__, "state.highstate", lambda **kw: runs["highstates"].append(kw) or {}
+        )
+        return runs
+
+    return first_start
+
+
+def mark(opts):
+    return os.path.join(opts["pki_dir"], "multimaster_first_highstate")
+
+
+def test_first_highstate_runs_once_just_after_the_minion_started(mod, opts, first_start):
+    runs = first_start(20)
+    assert mod.first_highstate(__pub_jid="1")["highstate"] is True
+    again = mod.first_highstate(__pub_jid="2")
+    assert again["highstate"] is False and "already claimed" in again["comment"], again
+    assert runs["highstates"] == [{"queue": True}]
+    assert runs["since"][0] == (opts["pidfile"], "salt-minion", os.path.dirname(opts["conf_file"]))
+
+
+@pytest.mark.parametrize("seconds_ago", [3600, None], ids=["long-ago", "not-running"])
+def test_first_highstate_is_not_claimed_by_a_minion_that_did_not_just_start(
+    mod, opts, first_start, seconds_ago
+):
+    """
+    A start event can be forged for any id: a minion whose salt-minion has run for longer than
+    the window (or that cannot tell when it started) runs nothing and leaves its mark unset, so
+    its next real start still gets the highstate.
+    """
+    runs = first_start(seconds_ago)
+    ret = mod.first_highstate()
+    assert ret["highstate"] is False, ret
+    assert "multimaster:reactor:first_highstate_window" in ret["comment"] or (
+        seconds_ago is None and opts["pidfile"] in ret["comment"]
+    ), ret
+    assert runs["highstates"] == [] and not os.path.exists(mark(opts))
+
+
+def test_first_highstate_window_comes_from_config(mod, opts, first_start):
+    runs = first_start(3600, window=7200)
+    assert mod.first_highstate()["highstate"] is True
+    assert len(runs["highstates"]) == 1
+    runs = first_start(30, window=10)
+    os.unlink(mark(opts))
+    ret = mod.first_highstate()
+    assert ret["highstate"] is False and "(10 s)" in ret["comment"], ret
+
+
+@pytest.mark.parametrize("window", ["soon", 0, True, -5])
+def test_first_highstate_window_that_is_not_seconds_is_an_error_naming_it(
+    mod, opts, first_start, window
+):
+    first_start(20, window=window)
+    with pytest.raises(CommandExecutionError) as err:
+        mod.first_highstate()
+    assert "multimaster:reactor:first_highstate_window" in str(err.value)
+    assert "an integer number of seconds >= 1" in str(err.value)
+    assert not os.path.exists(mark(opts))
+
+
+def test_first_highstate_window_default_is_the_formulas(mod, defaults):
+    assert mod.FIRST_HIGHSTATE_WINDOW == defaults["reactor"]["first_highstate_window"]

@@ -13,8 +13,8 @@ ORDER = ["m1", "m2", "m3"]
 A, B, X = fp("A"), fp("B"), fp("X")
 
 
-def plan(op, inv, fingerprint=None, minion_id="web"):
-    return multimaster_keys.one_id_plan(op, minion_id, fingerprint, inv, ORDER)
+def plan(op, inv, fingerprint=None, minion_id="web", **options):
+    return multimaster_keys.one_id_plan(op, minion_id, fingerprint, inv, ORDER, **options)
 
 
 def ops(result):
@@ -91,6 +91,23 @@ def test_reject_reaches_masters_that_never_saw_the_key():
 def test_delete_removes_every_state_everywhere():
     inv = {"m1": {"web": ["accepted", A]}, "m2": {"web": ["denied", None, X]}, "m3": {}}
     assert ops(plan("delete", inv)) == {"m1": ["delete"], "m2": ["delete"]}
+
+
+def test_a_delete_that_keeps_revocations_removes_only_accepted_and_pending_keys():
+    """
+    What the key reactor sends for a ``salt-key -d`` on one master: a rejected key, a denied one
+    or a key beside a denial on another master stays, and is reported.
+    """
+    inv = {
+        "m1": {"web": ["accepted", A], "db": ["rejected", A], "app": ["pending", A, A]},
+        "m2": {"web": ["pending", A], "db": ["accepted", A], "app": ["denied", None, A]},
+        "m3": {"web": ["rejected", A], "db": ["denied", None, A], "app": ["accepted", A]},
+    }
+    result = plan("delete", inv, keep_revocations=True)
+    assert ops(result) == {"m1": ["delete"], "m2": ["delete"]}
+    assert "m3" in result["warnings"]["web"] and "kept" in result["warnings"]["web"]
+    assert ops(plan("delete", inv, minion_id="db", keep_revocations=True)) == {"m2": ["delete"]}
+    assert ops(plan("delete", inv, minion_id="app", keep_revocations=True)) == {"m3": ["delete"]}
 
 
 def test_unknown_id_is_refused():

@@ -39,10 +39,16 @@ class FakeClient:
     def __init__(self, returns):
         self.returns = returns
         self.calls = []
+        self.published = []
 
     def cmd(self, tgt, fun, **kwargs):
         self.calls.append(fun)
         return {minion: {"ret": ret, "retcode": 0} for minion, ret in self.returns.items()}
+
+    def cmd_async(self, tgt, fun, arg=(), tgt_type="glob", kwarg=None, **kwargs):
+        """A publish nobody waits for: recorded, answered with a jid."""
+        self.published.append((tgt, fun, arg, tgt_type, kwarg))
+        return "20250101000000000001"
 
 
 @pytest.fixture(scope="module")
@@ -526,6 +532,81 @@ def test_key_event_accept_propagates_the_key_this_master_holds(runner, use, stor
 
 
 @pytest.fixture
+def propagations(runner, monkeypatch):
+    """
+    The propagations ``key_event`` starts (its ``_one_id`` calls), each answered as a clean run.
+    """
+    calls = []
+
+    def one_id(op, minion_id, fingerprint, test, masters, timeout, force=False, **options):
+        assert options.pop("settle") is False, "a reactor never waits on a restart"
+        calls.append((op, minion_id, fingerprint, options))
+        return {"masters": {}, "retcode": 0}
+
+    monkeypatch.setattr(runner, "_one_id", one_id)
+    return calls
+
+
+@pytest.fixture
+def held_before(runner, monkeypatch):
+    """
+    ``held_before(fp)``: this master's store held the event's id with the key ``fp`` before
+    (None: it never held it, as far as its record goes).
+    """
+
+    def held_before(fp):
+        monkeypatch.setattr(
+            runner.multimaster_keystore, "held_before", lambda *a, **k: fp, raising=False
+        )
+
+    return held_before
+
+
+def test_key_event_delete_of_an_id_this_master_never_held_changes_nothing(
+    runner, use, store, held_before
+):
+    """
+    A forged delete for an id this master does not hold matched its store ("no key") before:
+    it deleted the id's pending, rejected and denied keys on every other master.
+    """
+    client = use({})
+    store(None)
+    held_before(None)
+    ret = runner.key_event("web1", "delete")
+    assert ret["retcode"] == 0 and "nothing changed" in ret["comment"], ret
+    assert "multimaster.delete web1" in ret["comment"]
+    assert client.calls == []
+
+
+def test_key_event_delete_of_an_id_held_here_before_keeps_revocations_elsewhere(
+    runner, store, held_before, propagations
+):
+    store(None)
+    held_before(FP)
+    assert runner.key_event("web1", "delete")["retcode"] == 0
+    assert propagations == [("delete", "web1", FP, {"keep_revocations": True})]
+
+
+def test_key_event_repeats_of_one_change_propagate_once(runner, store, held_before, propagations):
+    """
+    A flood of events for a change the store shows costs one propagation per window; another
+    change of the same id is not a repeat.
+    """
+    store(["accepted", FP])
+    rets = [runner.key_event("web1", "accepted") for _ in range(10)]
+    assert [p[:3] for p in propagations] == [("accept", "web1", FP)]
+    assert all(r["retcode"] == 0 and "nothing to do" in r["comment"] for r in rets[1:]), rets[1]
+    store(["rejected", FP])
+    runner.key_event("web1", "rejected")
+    runner.key_event("web1", "reject")
+    store(None)
+    held_before(FP)
+    runner.key_event("web1", "delete")
+    runner.key_event("web1", "delete")
+    assert [p[0] for p in propagations] == ["accept", "reject", "delete"]
+
+
+@pytest.fixture
 def cluster_bus(runner, monkeypatch):
     """
     This master is a cluster member; the events ``key_event`` fires on its bus are recorded.
@@ -637,6 +718,88 @@ def test_key_event_in_a_cluster_retries_a_bus_that_refuses_the_replay(
     assert ret["retcode"] == retcode, ret
     assert fired == ([("salt/key", "reject")] if retcode == 0 else [])
     assert len(attempts) == min(refusals + 1, runner.REPLAY_ATTEMPTS)
+
+
+# --- first highstate --------------------------------------------------------------------------
+
+FP = "ab:" * 31 + "ab"
+# The custom modules synced, then multimaster.first_highstate, in one job of one function.
+FIRST_HIGHSTATE_JOB = (
+    ["web1"],
+    "state.sls",
+    ["multimaster.minion.first_highstate"],
+    "list",
+    {"sync_mods": "all", "queue": True},
+)
+
+
+def test_first_highstate_publishes_without_waiting_on_the_minion(runner, use, store):
+    """
+    A minion that holds its jobs (or answers ``saltutil.find_job`` for ever) must not hold a
+    reactor worker: one publish of the sync and the claim, in that order, and no wait.
+    """
+    client = use({})
+    store(["accepted", FP])
+    ret = runner.first_highstate("web1")
+    assert ret["retcode"] == 0 and ret["jid"] and ret["minion"] == "web1", ret
+    assert client.published == [FIRST_HIGHSTATE_JOB]
+    assert client.calls == []
+
+
+@pytest.mark.parametrize(
+    "entry", [None, ["pending", FP], ["rejected", FP]], ids=["unknown", "pending", "rejected"]
+)
+def test_first_highstate_for_an_id_not_accepted_here_publishes_nothing(runner, use, store, entry):
+    """
+    The start event's id is whatever its sender put there: a minion that really started on this
+    master is accepted in this master's store, anything else is not reacted to.
+    """
+    client = use({})
+    store(entry)
+    ret = runner.first_highstate("web1")
+    assert ret["retcode"] == 0 and "nothing done" in ret["comment"], ret
+    assert client.published == [] and client.calls == []
+
+
+def test_first_highstate_repeats_of_a_start_publish_once(runner, use, store):
+    """
+    A flood of start events for one id costs one publish per window; another key for the id (a
+    new minion under an old name) is not a repeat.
+    """
+    client = use({})
+    store(["accepted", FP])
+    rets = [runner.first_highstate("web1") for _ in range(20)]
+    assert len(client.published) == 1
+    assert all(r["retcode"] == 0 and "nothing done" in r["comment"] for r in rets[1:]), rets[1]
+    store(["accepted", "cd:" * 31 + "cd"])
+    runner.first_highstate("web1")
+    assert len(client.published) == 2
+
+
+def test_first_highstate_whose_publish_fails_is_tried_again_on_the_next_start(
+    runner, use, store, monkeypatch
+):
+    client = use({})
+    store(["accepted", FP])
+    publish = client.cmd_async
+
+    def refused_once(*args, **kwargs):
+        monkeypatch.setattr(client, "cmd_async", publish)
+        raise runner.SaltClientError("Salt request timed out. The master is not responding.")
+
+    monkeypatch.setattr(client, "cmd_async", refused_once)
+    ret = runner.first_highstate("web1")
+    assert ret["retcode"] == 1 and "web1" in ret["error"] and "timed out" in ret["error"], ret
+    assert runner.first_highstate("web1")["retcode"] == 0
+    assert client.published == [FIRST_HIGHSTATE_JOB]
+
+
+def test_first_highstate_refuses_a_bad_id_before_reading_anything(runner, use, store):
+    client = use({})
+    store(["accepted", FP])
+    ret = runner.first_highstate("web*")
+    assert ret["retcode"] == 1 and "'web*'" in ret["comment"], ret
+    assert client.published == [] and client.calls == []
 
 
 def test_wait_masters_reports_the_masters_that_never_settled(runner, use):

@@ -619,6 +619,12 @@ CASES = {
         js("yes"),
         "true or false",
     ),
+    "reactor-first-highstate-window-zero": (
+        pillar(reactor={"first_highstate_window": 0}),
+        "reactor:first_highstate_window",
+        "0",
+        "an integer >= 1",
+    ),
     "manage-services-an-int": (
         pillar(manage_services=0),
         "manage_services",
