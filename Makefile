@@ -23,7 +23,7 @@ COMPAT_TESTS := tests/unit/test_saltlayout.py tests/unit/test_peer_answers.py te
 	tests/integration/test_hot.py tests/integration/test_failover.py \
 	tests/integration/test_master_config.py tests/integration/test_local_apply.py
 
-.PHONY: venv demo down test test-compat lint bench
+.PHONY: venv demo down test test-compat lint bench reference
 
 venv: $(VENV)/.installed
 
@@ -55,6 +55,11 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/yamllint --strict .
 	find multimaster -name '*.sls' -print0 | xargs -0 $(BIN)/salt-lint
+	$(PY) scripts/gen_reference.py --check
+
+# docs/reference.md from the loader modules' docstrings.
+reference: venv
+	$(PY) scripts/gen_reference.py
 
 bench: venv
 	$(PY) bench/bench_sync_keys.py
