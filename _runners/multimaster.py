@@ -119,8 +119,8 @@ def _addressable(section, what):
     if section["mode"] == "cluster":
         raise Refused(
             f"{what} is for hot and failover sets: in mode cluster no single master can be "
-            "addressed behind the balancer, and Salt's cluster shares keys itself (see the "
-            "README's Master cluster section)"
+            "addressed behind the balancer, and Salt's cluster shares keys itself (see "
+            "docs/cluster.md in the formula)"
         )
     return section
 

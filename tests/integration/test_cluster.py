@@ -160,7 +160,7 @@ def cluster_set(salt_factories, tmp_path_factory):
     }
 
     # The control minions run as daemons for the orchestrations, each connected to its own
-    # master (the balancer's minion to the first), as the README advises: a master's own
+    # master (the balancer's minion to the first), as docs/cluster.md advises: a master's own
     # minions must not depend on the balancer. Jobs from any master reach them through the
     # cluster. ``salt-call --local`` applies the formula on them as on a bare host.
     def direct(host):
@@ -380,7 +380,7 @@ def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minio
 ):
     """
     master4 knows one peer (the leader) and the secret; it joins the running cluster and holds
-    the cluster's AES key and minion keys. Then the README's procedure: ``multimaster.cluster``
+    the cluster's AES key and minion keys. Then docs/cluster.md's procedure: ``multimaster.cluster``
     re-applied on the founders (their peer lists gain it) restarts them, ``share_peer_keys`` gives
     it the other peers' keys (Salt gave it only the leader's), ``multimaster.cluster`` re-applied
     on it with the full peer list restarts it, ``multimaster.haproxy`` re-applied adds it to the
@@ -475,7 +475,7 @@ def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minio
         lambda: cluster_formed(masters, pki_dirs), FORM_TIMEOUT, 2, "the four masters to re-form"
     )
     print(f"joiner restarted, four masters formed in {time.monotonic() - restarted:.1f} s")
-    # Masters were restarted: the README's next step opens their request gates (a Raft
+    # Masters were restarted: docs/cluster.md's next step opens their request gates (a Raft
     # election after a restart may commit nothing), before the balancer sends minions there.
     assert_cluster_ready(masters)
 

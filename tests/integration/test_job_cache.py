@@ -327,7 +327,7 @@ def test_the_password_is_only_in_the_masters_0600_files(
     """
     Logs at debug, job caches, proc, minion caches: the password is nowhere but in the job
     cache files, and in master1's minion data cache of the two control minions' pillar (Salt
-    keeps compiled pillar there; the README says to target the password at them only).
+    keeps compiled pillar there; docs/job-cache.md says to target the password at them only).
     """
     allowed = {pathlib.Path(m.config_dir) / "master.d" / CONFIG_FILE for m in (master1, master2)}
     found = [

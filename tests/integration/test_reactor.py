@@ -38,7 +38,7 @@ FRESH = "rx-fresh"
 START_REPEAT_WINDOW = 30
 # How many forged events a flood puts on the masters' buses at once.
 FLOOD = 200
-# What the README promises: behind a flood of forged events, a salt-key change still reaches
+# What docs/reactors.md promises: behind a flood of forged events, a salt-key change still reaches
 # the other master within this many seconds.
 FLOOD_BOUND = 60
 

@@ -2,7 +2,7 @@
 A throw-away PostgreSQL server on a loopback address, for the shared job cache tests: the
 server binaries of Debian's ``postgresql`` package (installed by ``.ci/run``), a data directory
 of its own, run as the ``postgres`` user when we are root (``initdb`` refuses root). Password
-logins over TCP with TLS only (``hostssl ... scram-sha-256``), as the README has a database
+logins over TCP with TLS only (``hostssl ... scram-sha-256``), as docs/job-cache.md has a database
 server take the masters' logins: the server's certificate is signed by a CA of its own
 (``ca_file``), for the address it listens on.
 """

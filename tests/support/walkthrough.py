@@ -1,7 +1,7 @@
 """
-The README's shell walk-throughs as data: each ``sh`` block of a section, with the host it runs
-on (its first line, ``# on <host>: ...`` or ``# on every host: ...``), so that the tests run
-exactly what the README prints.
+The docs' shell walk-throughs as data: each ``sh`` block of a section of a page (README.md or a
+page under docs/), with the host it runs on (its first line, ``# on <host>: ...`` or
+``# on every host: ...``), so that the tests run exactly what the docs print.
 """
 
 import dataclasses
@@ -19,25 +19,26 @@ class Block:
     script: str
 
 
-def section(title, readme=REPO_ROOT / "README.md"):
+def section(title, page="README.md"):
     """
-    The text of the README section (``## <title>``) up to the next ``## `` heading.
+    The text of the section ``## <title>`` of ``page`` (a path relative to the repository root)
+    up to the next ``## `` heading.
     """
-    text = readme.read_text(encoding="utf-8")
+    text = (REPO_ROOT / page).read_text(encoding="utf-8")
     start = text.index(f"\n## {title}\n")
     end = text.find("\n## ", start + 1)
     return text[start : end if end != -1 else None]
 
 
-def blocks(title, readme=REPO_ROOT / "README.md"):
+def blocks(title, page="README.md"):
     """
     The ``sh`` blocks of that section, in order; a block that names no host is an error.
     """
     found = []
-    for match in _BLOCK.finditer(section(title, readme)):
+    for match in _BLOCK.finditer(section(title, page)):
         script = match.group(1)
         on = _ON.match(script)
         if not on:
-            raise ValueError(f"README {title!r}: a sh block does not start with '# on <host>'")
+            raise ValueError(f"{page} {title!r}: a sh block does not start with '# on <host>'")
         found.append(Block(on.group(1), script))
     return found

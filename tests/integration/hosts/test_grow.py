@@ -2,8 +2,8 @@
 A hot set grows and shrinks on separate hosts with Salt's default paths. Its masters' reactor
 config came with the image (in ``master.d`` before the formula's runners were ever synced to
 them): once the set is built with the formula, ``salt-key -a`` on master2 reaches master1, and a
-reaction that could not run said so in the master's log at error level. Then the README's
-"Adding a master" walk-through runs as written: master3 joins and leaves.
+reaction that could not run said so in the master's log at error level. Then the "Adding a
+master" walk-through of docs/adding-masters.md runs as written: master3 joins and leaves.
 """
 
 from tests.support import hosts as nshosts
@@ -17,6 +17,7 @@ HOSTS = {
     "master3": "10.0.3.232",
 }
 PRIMARY = "10.0.3.61"
+PAGE = "docs/adding-masters.md"
 IMAGE_REACTOR = """\
 reactor:
   - salt/key: [salt://multimaster/reactor/keys.sls]
@@ -112,10 +113,10 @@ def test_key_reactor_from_the_image_propagates_once_the_set_is_built(host_set):
 
 def test_the_add_and_remove_master_walk_through_runs_as_written(host_set):
     """
-    Runs after the set above is built: master3 joins with the README's blocks, every minion
-    then answers master3, and it leaves again, its salt-master stopped.
+    Runs after the set above is built: master3 joins with the blocks of docs/adding-masters.md,
+    every minion then answers master3, and it leaves again, its salt-master stopped.
     """
-    blocks = walkthrough.blocks("Adding a master")
+    blocks = walkthrough.blocks("Adding a master", PAGE)
     assert blocks[0].host == "master3" and "bootstrap-salt.sh" in blocks[0].script
     nshosts.bootstrap(host_set["master3"], PRIMARY, master=True)
     joined, left = blocks[1], blocks[2]
