@@ -1,55 +1,65 @@
 """
 Suite-wide hooks.
 
-Under ``CI=true`` a skipped integration test fails the run: in CI a missing dependency (git,
-pygit2, a free loopback address ...) must be fixed, never silently skipped.
+Under ``CI=true`` a skipped, xfailed or xpassed test fails the run, whatever its directory: in
+CI a missing dependency (git, pygit2, a free address ...) must be installed, never silently
+skipped, and a test expected to fail is a test that cannot fail.
 """
 
 import logging
 import os
-import pathlib
 import sys
 
 import pytest
 
-INTEGRATION_DIR = pathlib.Path(__file__).resolve().parent / "integration"
+# What pytest's terminal reporter counts that CI does not accept.
+_NOT_RUN_AS_WRITTEN = ("skipped", "xfailed", "xpassed")
 
 
 def _in_ci():
     return os.environ.get("CI", "").strip().lower() == "true"
 
 
-def _skipped_integration(config):
+def _not_run_as_written(config):
+    """
+    ``(outcome, report)`` of every test that was skipped, xfailed or xpassed.
+    """
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
         return []
-    skipped = []
-    for report in reporter.stats.get("skipped", []):
-        path = (config.rootpath / report.nodeid.split("::")[0]).resolve()
-        if path == INTEGRATION_DIR or INTEGRATION_DIR in path.parents:
-            skipped.append(report)
-    return skipped
+    return [
+        (outcome, report)
+        for outcome in _NOT_RUN_AS_WRITTEN
+        for report in reporter.stats.get(outcome, [])
+        if getattr(report, "nodeid", None)
+    ]
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if not (_in_ci() and _skipped_integration(session.config)):
+    if not (_in_ci() and _not_run_as_written(session.config)):
         return
     if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def _reason(report):
+    if isinstance(report.longrepr, tuple):
+        return report.longrepr[2]
+    return getattr(report, "wasxfail", None) or report.longrepr
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not _in_ci():
         return
-    skipped = _skipped_integration(config)
-    if not skipped:
+    found = _not_run_as_written(config)
+    if not found:
         return
-    terminalreporter.section("integration tests skipped under CI=true", red=True, bold=True)
-    for report in skipped:
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
-        terminalreporter.line(f"{report.nodeid}: {reason}", red=True)
+    terminalreporter.section("tests not run as written under CI=true", red=True, bold=True)
+    for outcome, report in found:
+        terminalreporter.line(f"{report.nodeid} ({outcome}): {_reason(report)}", red=True)
     terminalreporter.line(
-        f"{len(skipped)} integration test(s) skipped: the run fails (install what they need)",
+        f"{len(found)} test(s) skipped, xfailed or xpassed: the run fails (install what they "
+        "need; a test must be able to fail)",
         red=True,
         bold=True,
     )
