@@ -19,7 +19,7 @@ BIN := $(VENV)/bin
 PYTHON ?= python3
 
 # The suites every supported Salt line runs: key and roots planes, and the formula's foundation.
-COMPAT_TESTS := tests/unit/test_saltlayout.py tests/unit/test_peer_answers.py tests/integration/keys \
+COMPAT_TESTS := tests/unit/test_saltcompat.py tests/unit/test_peer_answers.py tests/integration/keys \
 	tests/integration/test_hot.py tests/integration/test_failover.py \
 	tests/integration/test_master_config.py tests/integration/test_local_apply.py
 

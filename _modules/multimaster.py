@@ -29,7 +29,7 @@ try:
     import multimaster_keystore
     import multimaster_local
     import multimaster_roots
-    import multimaster_saltlayout
+    import multimaster_saltcompat
     import multimaster_settings
 
     HAS_UTILS = True
@@ -486,7 +486,7 @@ def forget_cluster_peer(peer, rotate_secret=False, test=False):
     multimaster_ids.check_id(peer, "peer")
     # The pillar alone (no formula defaults from the file server): a cluster names its mode.
     section = multimaster_settings.check_section(
-        multimaster_saltlayout.pillar_section(__salt__, "multimaster")
+        multimaster_saltcompat.pillar_section(__salt__, "multimaster")
     )
     master = multimaster_settings.local_master(
         section, __opts__["id"], os.path.dirname(__opts__["conf_file"])

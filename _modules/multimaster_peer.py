@@ -46,7 +46,7 @@ try:
     import multimaster_keys
     import multimaster_keystore
     import multimaster_roots
-    import multimaster_saltlayout
+    import multimaster_saltcompat
     import multimaster_seal
     import multimaster_settings
     import multimaster_transport
@@ -80,7 +80,7 @@ def _local():
     """
     This host's master entry (``config_dir`` resolved) and the ``multimaster`` pillar section.
     """
-    pillar = multimaster_saltlayout.pillar_section(__salt__, "multimaster")
+    pillar = multimaster_saltcompat.pillar_section(__salt__, "multimaster")
     try:
         section = multimaster_settings.check_section(pillar)
     except SaltInvocationError as exc:

@@ -4,7 +4,7 @@ actions crash-safely under a lock, read and install master keys, request AES rot
 
 On 3008, keys go through ``salt.cache.Cache(opts, driver=opts["keys.cache_driver"])`` like Salt's
 own ``salt-key``; 3006/3007 keep the same ``pki_dir`` files with no cache in front
-(``multimaster_saltlayout`` says which). One exception, for the files of ``localfs_key`` (and of
+(``multimaster_saltcompat`` says which). One exception, for the files of ``localfs_key`` (and of
 the older Salts): Salt's ``store`` first deletes
 the old key and then writes a temp file inside the target dir, so a crash can lose the key or
 leave ``minions_pre/tmpXXXX`` that ``salt-key`` lists as a minion. Here the new file is staged in
@@ -36,7 +36,7 @@ import cryptography.exceptions
 import multimaster_ids
 import multimaster_keys
 import multimaster_reactor
-import multimaster_saltlayout
+import multimaster_saltcompat
 import salt.config
 import salt.utils.files
 import salt.utils.user
@@ -109,11 +109,11 @@ def own_master_options(config_dir, skip=()):
 
 
 def _cache(mopts):
-    return multimaster_saltlayout.key_cache(mopts)
+    return multimaster_saltcompat.key_cache(mopts)
 
 
 def _localfs(mopts):
-    return multimaster_saltlayout.keys_are_files(mopts)
+    return multimaster_saltcompat.keys_are_files(mopts)
 
 
 def _pki(mopts):
@@ -128,7 +128,7 @@ def master_key_name(mopts):
     mopts
         The master's opts, as Salt loads them from its config dir (``master_opts``).
     """
-    return multimaster_saltlayout.master_key_base(mopts)
+    return multimaster_saltcompat.master_key_base(mopts)
 
 
 # --- lock ------------------------------------------------------------------------------------
@@ -882,7 +882,7 @@ def rotate_aes(mopts):
     mopts
         The master's opts, as Salt loads them from its config dir (``master_opts``).
     """
-    multimaster_saltlayout.rotate_aes(mopts)
+    multimaster_saltcompat.rotate_aes(mopts)
 
 
 # --- master keys -----------------------------------------------------------------------------
@@ -917,7 +917,7 @@ def read_master_key(mopts, signing=False, private=False):
     """
     pem_name, pub_name = master_key_files(mopts, signing)
     name = pem_name if private else pub_name
-    if multimaster_saltlayout.key_cache_driver(mopts) is None:
+    if multimaster_saltcompat.key_cache_driver(mopts) is None:
         return _read_text(os.path.join(mopts["pki_dir"], name))
     cache = _cache(mopts)
     value = cache.fetch("master_keys", name)
@@ -993,7 +993,7 @@ def install_master_key(mopts, pem, pub, signing=False):
             cache.store("master_keys", pub_name, pub)
             return
         _install_files(mopts, (pem_name, pem), (pub_name, pub))
-        if not signing and multimaster_saltlayout.links_legacy_master_key(mopts):
+        if not signing and multimaster_saltcompat.links_legacy_master_key(mopts):
             _link_legacy(mopts["pki_dir"], pem_name, pub_name)
 
 

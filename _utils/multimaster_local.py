@@ -18,7 +18,7 @@ import os
 
 import multimaster_daemon
 import multimaster_keystore
-import multimaster_saltlayout
+import multimaster_saltcompat
 import multimaster_settings
 import salt.utils.dictupdate
 import salt.utils.yaml
@@ -128,7 +128,7 @@ def settings(salt_funcs, opts, grains, context, formula_defaults=None):
     if formula_defaults is None:
         formula_defaults = defaults(salt_funcs, grains, context)
     merged = multimaster_settings.build(
-        multimaster_saltlayout.pillar_section(salt_funcs, "multimaster"), formula_defaults
+        multimaster_saltcompat.pillar_section(salt_funcs, "multimaster"), formula_defaults
     )
     local_master = _local_master(merged, opts)
     merged["local"] = {
@@ -141,7 +141,7 @@ def settings(salt_funcs, opts, grains, context, formula_defaults=None):
         "salt_master_installed": multimaster_daemon.script_installed("salt-master"),
         # Only a master needs them (and only its control minion sees the job cache password).
         "python_deps": (
-            multimaster_settings.python_deps(merged, multimaster_saltlayout.salt_install())
+            multimaster_settings.python_deps(merged, multimaster_saltcompat.salt_install())
             if local_master
             else []
         ),

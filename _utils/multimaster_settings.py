@@ -15,7 +15,7 @@ import re
 import multimaster_ids
 import multimaster_jobcache
 import multimaster_keys
-import multimaster_saltlayout
+import multimaster_saltcompat
 import multimaster_transport
 import salt.utils.dictupdate
 from salt.exceptions import SaltInvocationError
@@ -641,7 +641,7 @@ def python_install(settings, part, salt_install):
     distro-packaged Salt on the system Python: onedir Salt never sees the system's packages.
 
     salt_install
-        ``multimaster_saltlayout.salt_install()`` of this host.
+        ``multimaster_saltcompat.salt_install()`` of this host.
     """
     method = settings["lookup"]["master"][f"{part}_install"]
     if method == "auto":
@@ -656,7 +656,7 @@ def python_deps(settings, salt_install):
     when a distro package is wanted and this os_family names none.
 
     salt_install
-        ``multimaster_saltlayout.salt_install()`` of this host.
+        ``multimaster_saltcompat.salt_install()`` of this host.
     """
     wanted = {
         "gitfs": bool(settings["master"]["gitfs"]["remotes"]),
@@ -834,11 +834,11 @@ def cluster_config(settings, master, pki_dir):
     pki_dir
         That master's ``pki_dir``; ``cluster_pki_dir`` defaults to ``cluster`` beside it.
     """
-    if not multimaster_saltlayout.can_cluster():
+    if not multimaster_saltcompat.can_cluster():
         _fail(
             "mode",
             "cluster",
-            f"'hot' or 'failover': Salt {multimaster_saltlayout.salt_version()} on this master "
+            f"'hot' or 'failover': Salt {multimaster_saltcompat.salt_version()} on this master "
             "has no native master cluster (Salt 3007 or newer)",
         )
     cluster = settings["cluster"]
@@ -871,8 +871,8 @@ def cluster_config(settings, master, pki_dir):
     driver = cluster["keys_cache_driver"] or (
         "localfs_key" if cluster["isolated_filesystem"] else ""
     )
-    if driver and multimaster_saltlayout.has_key_cache():
-        config[multimaster_saltlayout.KEY_CACHE_OPTION] = driver
+    if driver and multimaster_saltcompat.has_key_cache():
+        config[multimaster_saltcompat.KEY_CACHE_OPTION] = driver
     if master.get("cluster_pub_fingerprint"):
         config["cluster_pub_fingerprint"] = master["cluster_pub_fingerprint"].lower()
     return config

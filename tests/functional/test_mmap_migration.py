@@ -15,10 +15,10 @@ from tests.unit import helpers  # noqa: F401  (puts _utils on sys.path)
 
 import multimaster_keys  # noqa: E402  isort: skip
 import multimaster_keystore  # noqa: E402  isort: skip
-import multimaster_saltlayout  # noqa: E402  isort: skip
+import multimaster_saltcompat  # noqa: E402  isort: skip
 
 pytestmark = pytest.mark.skipif(
-    not multimaster_saltlayout.has_key_cache(), reason="mmap_key is a Salt 3008 key-cache driver"
+    not multimaster_saltcompat.has_key_cache(), reason="mmap_key is a Salt 3008 key-cache driver"
 )
 
 # id -> (state dir, key index in the pool)

@@ -1,5 +1,5 @@
 """
-The Salt-line adapter (_utils/multimaster_saltlayout.py) and the key store on both layouts: the
+The Salt-line adapter (_utils/multimaster_saltcompat.py) and the key store on both layouts: the
 3008 key cache (``<id>.pem`` + ``master.pem`` links) and 3006/3007 (``master.pem`` itself). Runs
 on every Salt line CI tests: the running Salt's own ``MasterKeys`` loads what was installed.
 """
@@ -18,7 +18,7 @@ from . import helpers
 from .keyfactory import priv_pem, pub_pem, rsa_private
 
 import multimaster_keystore as ks  # noqa: E402  isort: skip
-import multimaster_saltlayout as layout  # noqa: E402  isort: skip
+import multimaster_saltcompat as layout  # noqa: E402  isort: skip
 import multimaster_settings  # noqa: E402  isort: skip
 
 KEY = rsa_private(tag=21)
