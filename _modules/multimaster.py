@@ -357,7 +357,7 @@ FIRST_HIGHSTATE_WINDOW = 600
 _WINDOW_KEY = "multimaster:reactor:first_highstate_window"
 
 
-def first_highstate(**kwargs):
+def claim_first_highstate(**kwargs):
     """
     Run ``state.highstate`` on this minion if nothing has claimed its first highstate yet and
     its salt-minion started moments ago: what every master's first-highstate reactor publishes
@@ -377,7 +377,7 @@ def first_highstate(**kwargs):
 
     .. code-block:: bash
 
-        salt web1 multimaster.first_highstate
+        salt web1 multimaster.claim_first_highstate
     """
     path = multimaster_local.first_highstate_mark(__opts__)
     if not os.path.lexists(path):

@@ -1053,7 +1053,7 @@ def _propagate_once(here, minion, op, fingerprint, timeout):
 START_REPEAT_WINDOW = 30
 # What a minion that started gets: one job, so that it runs in this order, with the custom
 # modules synced first (a new minion has none): this SLS, whose one state calls
-# multimaster.first_highstate. (A job of two functions would do the same, but Salt 3008's
+# multimaster.claim_first_highstate. (A job of two functions would do the same, but Salt 3008's
 # saltutil.is_running fails on one, and with it every state run on that minion meanwhile.)
 FIRST_HIGHSTATE_SLS = "multimaster.minion.first_highstate"
 FIRST_HIGHSTATE_KWARG = {"sync_mods": "all", "queue": True}
@@ -1067,10 +1067,11 @@ def first_highstate(minion):
     hint: the id must be accepted in this master's own key store, a repeat for the same id and
     key within ``START_REPEAT_WINDOW`` seconds does nothing, and nothing waits on the minion.
     One job is published to it: ``state.sls multimaster.minion.first_highstate sync_mods=all
-    queue=True``, which syncs the custom modules and calls ``multimaster.first_highstate``: the
-    minion claims its mark atomically and runs ``state.highstate`` only if it was first and its
-    salt-minion started moments ago (a restart, a failover, a second master or a forged event
-    finds the mark or an old process and does nothing).
+    queue=True``, which syncs the custom modules and calls
+    ``multimaster.claim_first_highstate``: the minion claims its mark atomically and runs
+    ``state.highstate`` only if it was first and its salt-minion started moments ago (a restart,
+    a failover, a second master or a forged event finds the mark or an old process and does
+    nothing).
 
     minion
         The id of the minion that started (the event's).

@@ -194,7 +194,7 @@ def test_every_sls_is_covered():
 
 def test_the_first_highstate_sls_only_calls_the_claim(rendered):
     """
-    With any pillar, or a bad one: one state, ``multimaster.first_highstate`` through
+    With any pillar, or a bad one: one state, ``multimaster.claim_first_highstate`` through
     ``module.run``, which claims the mark and runs the highstate on the minion.
     """
     bad = {name: value[:2] for name, value in BAD.items()}
@@ -202,7 +202,7 @@ def test_the_first_highstate_sls_only_calls_the_claim(rendered):
         found = states(results["multimaster.minion.first_highstate"])
         assert list(found) == ["multimaster-minion-first-highstate-module-run"], found
         fun, kwargs = args(found["multimaster-minion-first-highstate-module-run"])
-        assert fun == "module.run" and kwargs["multimaster.first_highstate"] == [], kwargs
+        assert fun == "module.run" and kwargs["multimaster.claim_first_highstate"] == [], kwargs
 
 
 @pytest.mark.parametrize("sls", SLS)

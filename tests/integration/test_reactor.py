@@ -477,12 +477,12 @@ def test_a_flood_of_forged_key_events_stalls_no_reactor(reactor_set, event_liste
 # --- first highstate -------------------------------------------------------------------------
 
 
-FIRST_HIGHSTATE = "multimaster.first_highstate"
+FIRST_HIGHSTATE = "multimaster.claim_first_highstate"
 
 
 def claim_of(ret):
     """
-    What ``multimaster.first_highstate`` returned in a job's return, or None for another job:
+    What ``multimaster.claim_first_highstate`` returned in a job's return, or None for another job:
     the reactors run it as the one state of ``multimaster.minion.first_highstate``.
     """
     if ret.get("fun") != "state.sls" or "first_highstate" not in str(ret.get("fun_args")):
@@ -502,7 +502,7 @@ def highstates(counter, minion_id):
 
 def first_highstate_returns(event_listener, masters, minion_id, after):
     """
-    Wait until ``minion_id`` has returned the ``multimaster.first_highstate`` job each of
+    Wait until ``minion_id`` has returned the ``multimaster.claim_first_highstate`` job each of
     ``masters`` published since ``after``; the returns, in the order of ``masters``.
     """
 

@@ -532,8 +532,8 @@ def mark(opts):
 
 def test_first_highstate_runs_once_just_after_the_minion_started(mod, opts, first_start):
     runs = first_start(20)
-    assert mod.first_highstate(__pub_jid="1")["highstate"] is True
-    again = mod.first_highstate(__pub_jid="2")
+    assert mod.claim_first_highstate(__pub_jid="1")["highstate"] is True
+    again = mod.claim_first_highstate(__pub_jid="2")
     assert again["highstate"] is False and "already claimed" in again["comment"], again
     assert runs["highstates"] == [{"queue": True}]
     assert runs["since"][0] == (opts["pidfile"], "salt-minion", os.path.dirname(opts["conf_file"]))
@@ -549,7 +549,7 @@ def test_first_highstate_is_not_claimed_by_a_minion_that_did_not_just_start(
     its next real start still gets the highstate.
     """
     runs = first_start(seconds_ago)
-    ret = mod.first_highstate()
+    ret = mod.claim_first_highstate()
     assert ret["highstate"] is False, ret
     assert "multimaster:reactor:first_highstate_window" in ret["comment"] or (
         seconds_ago is None and opts["pidfile"] in ret["comment"]
@@ -559,11 +559,11 @@ def test_first_highstate_is_not_claimed_by_a_minion_that_did_not_just_start(
 
 def test_first_highstate_window_comes_from_config(mod, opts, first_start):
     runs = first_start(3600, window=7200)
-    assert mod.first_highstate()["highstate"] is True
+    assert mod.claim_first_highstate()["highstate"] is True
     assert len(runs["highstates"]) == 1
     runs = first_start(30, window=10)
     os.unlink(mark(opts))
-    ret = mod.first_highstate()
+    ret = mod.claim_first_highstate()
     assert ret["highstate"] is False and "(10 s)" in ret["comment"], ret
 
 
@@ -573,7 +573,7 @@ def test_first_highstate_window_that_is_not_seconds_is_an_error_naming_it(
 ):
     first_start(20, window=window)
     with pytest.raises(CommandExecutionError) as err:
-        mod.first_highstate()
+        mod.claim_first_highstate()
     assert "multimaster:reactor:first_highstate_window" in str(err.value)
     assert "an integer number of seconds >= 1" in str(err.value)
     assert not os.path.exists(mark(opts))
