@@ -778,6 +778,13 @@ def wait_minions(tgt="*", timeout=180, interval=2):
     if not isinstance(tgt, str) or not tgt:
         return _refused(Refused(f"tgt: got {tgt!r}; expected a glob of minion ids"))
     expected = set(salt.utils.minions.CkMinions(__opts__).check_minions(tgt)["minions"])
+    if not expected:
+        return _refused(
+            Refused(
+                f"tgt: no minion key accepted on this master matches {tgt!r}: accept the "
+                "minion first (salt-key -a <id>), then wait for it"
+            )
+        )
     start, silent = time.monotonic(), set(expected)
     with salt.client.get_local_client(__opts__["conf_file"]) as client:
         while True:

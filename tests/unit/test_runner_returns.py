@@ -1308,3 +1308,29 @@ def test_each_call_carries_a_fresh_nonce(runner, monkeypatch):
     runner.wait_masters(timeout=0, interval=0)
     runner.wait_masters(timeout=0, interval=0)
     assert len(set(nonces)) == 2 and all(len(n) == 64 for n in nonces), nonces
+
+
+def test_wait_minions_with_no_accepted_minion_matching_is_refused_and_publishes_nothing(
+    runner, monkeypatch
+):
+    """
+    Nothing to wait for is a target that names no accepted minion (a typo, a key not accepted
+    yet): refused with what to do, never a publish to an empty list reported as success.
+    """
+
+    class NoMinions:
+        def __init__(self, opts):
+            pass
+
+        def check_minions(self, tgt):
+            return {"minions": []}
+
+    monkeypatch.setattr(runner.salt.utils.minions, "CkMinions", NoMinions)
+    monkeypatch.setattr(
+        runner.salt.client,
+        "get_local_client",
+        lambda *a, **k: pytest.fail("nothing may be published"),
+    )
+    ret = runner.wait_minions(tgt="master3")
+    assert ret["retcode"] == 1
+    assert "'master3'" in ret["comment"] and "salt-key -a" in ret["comment"], ret
