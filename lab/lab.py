@@ -63,11 +63,11 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
-# The dev toolkit shared with the bench and the tests.
+# The dev toolkit (toolkit/) shared with the bench and the tests.
 sys.path.insert(0, str(REPO))
 
-from tests.support import devkit  # noqa: E402
-from tests.support.devkit import BIN, port_open  # noqa: E402
+from toolkit import devkit  # noqa: E402
+from toolkit.devkit import BIN, port_open  # noqa: E402
 
 RUN = REPO / "lab" / "run"
 PILLAR = RUN / "pillar"
