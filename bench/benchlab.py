@@ -11,10 +11,10 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The dev toolkit shared with the lab and the tests.
+# The dev toolkit (toolkit/) shared with the lab and the tests.
 sys.path.insert(0, ROOT)
 
-from tests.support import devkit  # noqa: E402
+from toolkit import devkit  # noqa: E402
 
 
 def timed(fn):

@@ -1,47 +1,49 @@
 #!/usr/bin/env python3
 """
-The multimaster demo lab: salt-masters, their control minions and plain minions on loopback,
-configured by the formula's own states, entirely inside lab/run/ (nothing in /etc, no system
-services).
+The multimaster demo lab: salt-masters, their control minions and plain minions on separate
+namespace hosts (``toolkit/hosts.py``), each with its own address on a private bridge, hostname
+and ``/etc/salt``, Salt on its default paths and ports, configured by the formula's own states
+and driven with the real ``salt``, ``salt-run`` and ``salt-key`` run on the hosts.
 
 Commands:
 
   demo   (default) build the lab, show test.ping answered from each master, the key reactor,
          a new minion's one first highstate, add_master bringing in master3, then stop master1
          and time how long the failover minion takes to answer from another master; print a
-         report with timings, then stop every daemon.
-  up     the same without the failover, leaving the lab running for exploration, e.g.
-             .venv/bin/salt -c lab/run/master1 '*' test.ping
-             .venv/bin/salt -c lab/run/master3 '*' multimaster.active_master
-             .venv/bin/salt-key -c lab/run/master2 -L
-         (lab/run/<host>/ is that host's /etc/salt; logs are in lab/run/<host>/log/).
-  down   stop every lab daemon and remove lab/run/.
+         report with timings, then remove the hosts.
+  up     the same without the failover, leaving the hosts running for exploration.
+  sh     run a command on a host (a shell there without one), e.g.
+             lab.py sh master1 salt '*' test.ping
+             lab.py sh master3 salt '*' multimaster.active_master
+             lab.py sh master2 salt-key -L
+             lab.py sh minion1
+  down   stop every daemon and remove the hosts: namespaces, bridge, mounts, directories.
 
 The lab:
 
-  host      daemons                          address    role
-  master1   salt-master + control minion     127.0.0.2  primary master
-  master2   salt-master + control minion     127.0.0.3  second master, added by the formula
-  master3   salt-master + control minion     127.0.0.4  third master, added by add_master
-  minion1   salt-minion                      -          hot: connected to every master
-  minion2   salt-minion                      -          failover: one master at a time
-  minion3   salt-minion                      -          hot, new: its one first highstate
+  host      daemons                          address     role
+  master1   salt-master + control minion     10.0.3.201  primary master
+  master2   salt-master + control minion     10.0.3.202  second master, added by the formula
+  master3   salt-master + control minion     10.0.3.203  third master, added by add_master
+  minion1   salt-minion                      10.0.3.211  hot: connected to every master
+  minion2   salt-minion                      10.0.3.212  failover: one master at a time
+  minion3   salt-minion                      10.0.3.213  hot, new: its one first highstate
 
-Every master uses publish port 24505 and ret port 24506. The first four minions start knowing
-only master1; the formula (delivered through master1's file_roots = this checkout, synced with
-saltutil.sync_all) configures master2; master2 starts with a key of its own;
-``salt-run multimaster.sync_master_key`` gives it master1's (sealed, restart, verified),
-``salt-run multimaster.sync_keys`` the accepted minion keys and ``sync_roots`` master1's roots;
-``multimaster.status`` is shown before and after; then the formula re-points every minion at
-both masters. A key accepted with ``salt-key -a`` on master2 reaches master1 through master2's
-key reactor (``multimaster:reactor:keys``), timed. minion3 starts knowing both masters, is
-accepted on master1 only, and runs exactly one highstate (``multimaster:reactor:
-first_highstate``; lab/salt/ holds the top file and the demo state), none after a restart.
-master3 joins with ``salt-run state.orch multimaster.orch.add_master`` while master1 pings
-minion1 once a second.
+Every host gets Salt as a bootstrap leaves it (``toolkit.hosts.bootstrap``) and every minion
+starts knowing only master1; master1 serves the formula (copied from this checkout to
+/srv/formulas/multimaster-formula), the lab's states (lab/salt/ to /srv/salt) and the lab pillar
+(/srv/pillar). ``saltutil.sync_all`` and ``state.apply multimaster.master`` configure both
+masters; master2 has a key of its own until ``salt-run multimaster.sync_master_key`` gives it
+master1's (sealed, restart, verified), ``sync_keys`` the accepted minion keys and
+``sync_roots`` master1's roots; ``multimaster.status`` is shown before and after; then the
+formula re-points every minion at both masters. A key accepted with ``salt-key -a`` on master2
+reaches master1 through master2's key reactor (``multimaster:reactor:keys``), timed. minion3
+starts knowing both masters, is accepted on master1 only, and runs exactly one highstate
+(``multimaster:reactor:first_highstate``), none after a restart. master3 joins with
+``salt-run state.orch multimaster.orch.add_master`` while master1 pings minion1 once a second.
 
-Run it with the virtualenv's Python (``make demo`` / ``make down``): the Salt CLIs are taken from
-the directory of that interpreter.
+Run it as root with the virtualenv's Python (``make demo`` / ``make down``): the hosts' PATH
+starts with the directory of that interpreter.
 """
 
 import argparse
@@ -49,31 +51,34 @@ import concurrent.futures
 import contextlib
 import json
 import os
-import pwd
-import re
+import shlex
 import shutil
 import subprocess
 import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 REPO = Path(__file__).resolve().parent.parent
-# The dev toolkit shared with the bench and the tests.
+# The toolkit shared with the bench and the tests.
 sys.path.insert(0, str(REPO))
 
-from tests.support import devkit  # noqa: E402
-from tests.support.devkit import BIN, port_open  # noqa: E402
+from toolkit import devkit  # noqa: E402
+from toolkit import hosts as nshosts  # noqa: E402
 
-RUN = REPO / "lab" / "run"
-PILLAR = RUN / "pillar"
-
-PORTS = devkit.Ports(publish=24505, ret=24506)
-MASTERS = {"master1": "127.0.0.2", "master2": "127.0.0.3", "master3": "127.0.0.4"}
+# The lab's own prefix and addresses: the tests' host sets (prefix mm, 10.0.3.6x-2xx below .200)
+# may exist at the same time on their own bridge.
+PREFIX = "mmlab"
+# Where a failed run leaves the hosts' logs (the hosts themselves are removed).
+LOGS = REPO / "lab" / "run" / "logs"
+MASTERS = {"master1": "10.0.3.201", "master2": "10.0.3.202", "master3": "10.0.3.203"}
+PLAIN_MINIONS = {"minion1": "10.0.3.211", "minion2": "10.0.3.212", "minion3": "10.0.3.213"}
+HOSTS = nshosts.HostSet(
+    [nshosts.Host(name, address) for name, address in {**MASTERS, **PLAIN_MINIONS}.items()],
+    prefix=PREFIX,
+)
+PORTS = (4505, 4506)
 # The set the lab builds first; master3 joins it later through multimaster.orch.add_master.
 FIRST_SET = ("master1", "master2")
 NEW_MASTER = "master3"
@@ -92,23 +97,31 @@ ALL_MINIONS = {**MINIONS, **LATE_MINIONS}
 FAILOVER_MINION = "minion2"
 PINGED_MINION = "minion1"
 ALIVE_INTERVAL = 5
-# file_roots is this checkout, which also holds .venv/, lab/run/, bench/run/ (private keys!):
-# serve only the formula (multimaster/ and the _modules/, _states/ ... dirs). Salt matches these
-# against relative paths when listing files and against absolute paths when serving one.
-# master2's own file_roots (filled by sync_roots) live under lab/run/ too: its files are served.
-# The lab's own states (lab/salt: a top file and the demo's highstate) are a second path of
-# base, and the other masters' own roots live under lab/run/<host>/srv/: their files are served.
-LAB_STATES = REPO / "lab" / "salt"
-_SERVED = r"(?!(multimaster|_[a-z_]+|lab_demo|top\.sls)(/|$))"
-_LAB_ROOTS = r"(?!lab/salt/)(?!lab/run/master[0-9]+/srv/)"
-FILE_IGNORE_REGEX = [
-    rf"^(?!/){_SERVED}",
-    rf"^{re.escape(str(REPO))}/{_SERVED}{_LAB_ROOTS}",
-]
+FORMULA_DIR = "/srv/formulas/multimaster-formula"
+ROOTS = {
+    "file_roots": {"base": ["/srv/salt", FORMULA_DIR]},
+    "pillar_roots": {"base": ["/srv/pillar"]},
+}
+# Lab pace, on top of what a bootstrap leaves. Masters: few workers (a small machine), and
+# `salt` waits 5s (default 10s) for minions that missed a publish. Minions: retry auth every 2s
+# while the key is pending (default 10s), give up on a request after 20s (default 60s) - a
+# request caught by a master restart otherwise stalls the minion's returns for a full minute.
+MASTER_OPTIONS = {
+    "open_mode": False,
+    "auto_accept": False,
+    "worker_threads": 2,
+    "gather_job_timeout": 5,
+    "log_level_logfile": "info",
+}
+MINION_OPTIONS = {
+    "acceptance_wait_time": 2,
+    "acceptance_wait_time_max": 2,
+    "request_channel_timeout": 20,
+    "log_level_logfile": "info",
+}
 
 # Bounds for every wait (seconds). Generous: this must pass on a busy 2-core machine.
 DAEMON_START_TIMEOUT = 60
-DAEMON_STOP_TIMEOUT = 30
 KEY_PENDING_TIMEOUT = 60
 # The key the reactor demo accepts on master2 (pending on both masters, as a new hot minion's
 # first contact leaves it).
@@ -132,54 +145,19 @@ class LabError(Exception):
         self.logs = [Path(log) for log in logs]
 
 
-@dataclass(frozen=True)
-class Daemon:
-    """
-    One salt-master or salt-minion of the lab; ``host`` names its directory under lab/run/.
-    """
-
-    host: str
-    role: str  # "master" or "minion"
-
-    @property
-    def dir(self):
-        """The host's config dir (its /etc/salt) and root_dir."""
-        return RUN / self.host
-
-    @property
-    def pidfile(self):
-        """Where the daemon records its pid."""
-        return self.dir / "run" / f"salt-{self.role}.pid"
-
-    @property
-    def log(self):
-        """The daemon's log file."""
-        return self.dir / "log" / f"{self.role}.log"
-
-    @property
-    def pki_dir(self):
-        """The daemon's key directory."""
-        return self.dir / "pki" / self.role
-
-    @property
-    def label(self):
-        """How messages name the daemon."""
-        return f"salt-{self.role} {self.host}"
+def host(name):
+    """The lab host ``name`` (a master's control minion has its master's name)."""
+    return HOSTS[name]
 
 
-def master(name):
-    """The salt-master of host ``name``."""
-    return Daemon(name, "master")
+def log(name, role):
+    """The log file of the salt-``role`` on host ``name``, as the machine sees it."""
+    return host(name).path(f"/var/log/salt/{role}")
 
 
-def minion(name):
-    """The salt-minion with id ``name`` (its host directory has the same name)."""
-    return Daemon(name, "minion")
-
-
-def all_daemons():
-    """Every daemon the lab can run, masters first."""
-    return [master(name) for name in MASTERS] + [minion(name) for name in ALL_MINIONS]
+def pid_of(name, role):
+    """The live pid of the salt-``role`` on host ``name`` (its default pidfile), else None."""
+    return devkit.read_pid(host(name).path(f"/run/salt-{role}.pid"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,34 +208,23 @@ class Report:
 
 
 # --------------------------------------------------------------------------------------------
-# Processes
+# Salt CLIs on the hosts
 
 
-def cli(name):
-    """Path of a Salt CLI in the virtualenv that runs this script."""
-    path = BIN / name
-    if not path.exists():
-        raise LabError(
-            f"{path} not found: run the lab with the virtualenv's Python (make venv; make demo)"
-        )
-    return str(path)
-
-
-def run(name, config_dir, *args, timeout, out=None, check=True):
+def run(on, *argv, timeout, out=None, check=True):
     """
-    Salt CLI ``name`` against ``config_dir`` (``devkit.salt_cli``, ``--out=<out>``) from the
-    checkout; LabError on timeout or (with ``check``) a non-zero exit.
+    The command ``argv`` (a Salt CLI, ``--out=<out>`` added) on host ``on``; a
+    ``devkit.CliResult``. LabError on timeout or (with ``check``) a non-zero exit.
     """
-    cmdline = " ".join([cli(name), "-c", str(config_dir), *map(str, args)])
+    argv = [*map(str, argv), *([f"--out={out}"] if out else [])]
+    cmdline = f"{on}: {shlex.join(argv)}"
     try:
-        result = devkit.salt_cli(name, config_dir, *args, out=out, timeout=timeout, cwd=REPO)
+        proc = host(on).sh(shlex.join(argv), check=False, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise LabError(f"timed out after {timeout}s: {cmdline}") from exc
-    if check and result.returncode != 0:
-        raise LabError(
-            f"exit code {result.returncode}: {cmdline}\n{result.stdout}{result.stderr}".rstrip()
-        )
-    return result
+    if check and proc.returncode != 0:
+        raise LabError(f"exit code {proc.returncode}: {cmdline}\n{proc.stdout}{proc.stderr}")
+    return devkit.CliResult(proc.returncode, proc.stdout, proc.stderr)
 
 
 def salt(on_master, target, fun, *args, timeout=30, list_target=False):
@@ -265,16 +232,23 @@ def salt(on_master, target, fun, *args, timeout=30, list_target=False):
     Run ``salt`` on master ``on_master``; returns the JSON result ({minion id: return}).
     Minions that did not return map to Salt's "did not return" message.
     """
-    argv = ["--static", "-t", timeout, *(["-L"] if list_target else []), target, fun, *args]
-    result = run(
-        "salt", master(on_master).dir, *argv, timeout=timeout + 60, out="json", check=False
-    )
+    argv = ["salt", "--static", "-t", timeout, *(["-L"] if list_target else []), target, fun]
+    result = run(on_master, *argv, *args, timeout=timeout + 60, out="json", check=False)
     return result.data if isinstance(result.data, dict) else {}
 
 
-def read_pid(daemon):
-    """The live (not zombie) pid recorded in the daemon's pidfile, else None."""
-    return devkit.read_pid(daemon.pidfile)
+def salt_run(fun, *args, on="master1", timeout=300, check=True):
+    """
+    ``salt-run`` on master ``on`` (the primary). Returns the runner's return (the last JSON
+    document printed; progress events come before it).
+    """
+    result = run(on, "salt-run", fun, *args, timeout=timeout, out="json", check=False)
+    if check and result.returncode != 0:
+        raise LabError(
+            f"salt-run {fun} failed ({result.returncode}):\n{result.stdout}{result.stderr}",
+            [log(on, "master")],
+        )
+    return result.data if isinstance(result.data, dict) else {}
 
 
 def wait_for(what, check, timeout, interval=1.0, logs=()):
@@ -287,230 +261,114 @@ def wait_for(what, check, timeout, interval=1.0, logs=()):
     )
 
 
-def start_daemon(daemon):
-    """Start a lab daemon in the background and wait until its pidfile names a live process."""
-    proc = run(f"salt-{daemon.role}", daemon.dir, "-d", timeout=DAEMON_START_TIMEOUT, check=False)
-    if proc.returncode != 0:
-        raise LabError(
-            f"{daemon.label} failed to start ({proc.returncode}): {proc.stderr.strip()}",
-            [daemon.log],
-        )
-    return wait_for(
-        f"{daemon.label} to write {daemon.pidfile}",
-        lambda: read_pid(daemon),
-        DAEMON_START_TIMEOUT,
-        interval=0.3,
-        logs=[daemon.log],
-    )
+def listening(name):
+    """Whether the master of host ``name`` accepts connections on its publish and ret ports."""
+    probes = " && ".join(f"timeout 2 bash -c '</dev/tcp/{MASTERS[name]}/{p}'" for p in PORTS)
+    return host(name).sh(probes, check=False).returncode == 0
 
 
 def wait_master_listening(name):
-    """Wait until master ``name`` accepts connections on its publish and ret ports."""
-    daemon = master(name)
-    for port in (PORTS.publish, PORTS.ret):
-        wait_for(
-            f"{daemon.label} to listen on {MASTERS[name]}:{port}",
-            lambda port=port: read_pid(daemon) and port_open(MASTERS[name], port),
-            DAEMON_START_TIMEOUT,
-            interval=0.3,
-            logs=[daemon.log],
-        )
-
-
-def wait_restarted(daemon, old_pid):
-    """Wait until ``daemon`` runs again under a pid other than ``old_pid``."""
-    return wait_for(
-        f"{daemon.label} to restart (it ran as pid {old_pid})",
-        lambda: (pid := read_pid(daemon)) and pid != old_pid and pid,
-        DAEMON_START_TIMEOUT + DAEMON_STOP_TIMEOUT,
-        interval=0.3,
-        logs=[daemon.log],
+    """Wait until master ``name`` runs and listens on its ports."""
+    wait_for(
+        f"salt-master {name} to listen on {MASTERS[name]}:{PORTS}",
+        lambda: pid_of(name, "master") and listening(name),
+        DAEMON_START_TIMEOUT,
+        interval=0.5,
+        logs=[log(name, "master")],
     )
 
 
-def stop_pids(pids):
-    """SIGTERM ``pids`` and wait for them and their children; SIGKILL what outlives the timeout."""
-    devkit.stop_pids(pids, timeout=DAEMON_STOP_TIMEOUT)
-
-
-def stop_daemon(daemon):
-    """Stop a lab daemon via its pidfile (no-op when it is not running)."""
-    pid = read_pid(daemon)
-    if pid is not None:
-        stop_pids([pid])
-
-
-def stray_lab_processes():
-    """
-    Pids of this checkout's virtualenv working on lab/run (daemon children whose parent died,
-    the formula's detached restart watchers). Never this script or its ancestors.
-    """
-    own = {os.getpid()} | {parent.pid for parent in psutil.Process().parents()}
-    marker = str(RUN) + os.sep
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if proc.info["pid"] in own or not cmdline:
-            continue
-        uses_venv = any(arg.startswith(str(BIN)) for arg in cmdline[:2])
-        if uses_venv and marker in " ".join(cmdline):
-            found.append(proc.info["pid"])
-    return found
-
-
-def stop_all():
-    """Stop every lab daemon (pidfiles first, then stragglers); again if a restart raced us."""
-    for _ in range(3):
-        stop_pids([pid for pid in map(read_pid, all_daemons()) if pid])
-        stop_pids(stray_lab_processes())
-        if not stray_lab_processes() and not any(map(read_pid, all_daemons())):
-            return
-    raise LabError(f"lab processes still running: {stray_lab_processes()}")
+def wait_restarted(name, role, old_pid):
+    """Wait until the salt-``role`` of ``name`` runs again under a pid other than ``old_pid``."""
+    return wait_for(
+        f"salt-{role} {name} to restart (it ran as pid {old_pid})",
+        lambda: (pid := pid_of(name, role)) and pid != old_pid and pid,
+        2 * DAEMON_START_TIMEOUT,
+        interval=0.3,
+        logs=[log(name, role)],
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # Configuration
 
 
-def daemon_options(daemon):
-    """Options every lab daemon gets: its id and every path inside lab/run/<host>/."""
-    return {
-        "id": daemon.host,
-        "root_dir": str(daemon.dir),
-        "user": pwd.getpwuid(os.getuid()).pw_name,
-        "pki_dir": str(daemon.pki_dir),
-        "cachedir": str(daemon.dir / "cache" / daemon.role),
-        "sock_dir": str(daemon.dir / "run" / daemon.role),
-        "pidfile": str(daemon.pidfile),
-        "log_file": str(daemon.log),
-        "log_level_logfile": "info",
-    }
-
-
-def master_options(name):
-    """Base config of a lab master. Only master1 has roots: master2 gets them from the formula."""
-    options = daemon_options(master(name))
-    options.update(
-        devkit.loopback_master(
-            MASTERS[name],
-            PORTS,
-            worker_threads=2,
-            # How long `salt` waits for minions that missed a publish (default 10s).
-            gather_job_timeout=2,
-        )
-    )
-    if name == "master1":
-        options.update(roots_options())
-    return options
-
-
-def roots_options():
-    """
-    file_roots = this checkout (the formula, as a user adds it) and the lab's states,
-    pillar_roots = lab pillar.
-    """
-    return {
-        "file_roots": {"base": [str(REPO), str(LAB_STATES)]},
-        "pillar_roots": {"base": [str(PILLAR)]},
-        "file_ignore_regex": FILE_IGNORE_REGEX,
-    }
-
-
-def minion_options(name):
-    """
-    Base config of a lab minion: the first four know only master1 until the formula says
-    otherwise; the new hot minion knows the first set (master3's control minion: master1).
-    """
-    known = [MASTERS[m] for m in FIRST_SET] if name == NEW_MINION else MASTERS["master1"]
-    options = daemon_options(minion(name))
-    options.update(
-        devkit.loopback_minion(
-            known,
-            PORTS,
-            # Lab pace: retry auth every 2s while the key is pending (default 10s), and give up on
-            # a request after 20s (default 60s) - a request caught by a master restart otherwise
-            # stalls the minion's returns for a full minute.
-            acceptance_wait=2,
-            request_channel_timeout=20,
-        )
-    )
-    return options
-
-
-def own_roots(name):
-    """
-    master2's and master3's own (initially empty) roots: ``sync_roots`` fills them from
-    master1's; master1 serves the checkout, the lab's states and the lab pillar (``master:``).
-    """
-    if name == "master1":
-        return {}
-    srv = master(name).dir / "srv"
-    return {
-        "file_roots": {"base": [str(srv / "salt"), str(srv / "salt-lab")]},
-        "pillar_roots": {"base": [str(srv / "pillar")]},
-    }
+def write(name, inside, data, header):
+    """Write ``data`` as YAML to the path ``inside`` host ``name``."""
+    devkit.write_config(host(name).path(inside), data, header)
 
 
 def multimaster_pillar(masters):
-    """The ``multimaster`` pillar every minion gets (hot mode, ``masters``, lab paths)."""
-    roots = roots_options()
-    return devkit.multimaster_section(
-        [
-            devkit.master_entry(
-                name, MASTERS[name], master(name).dir, interface=MASTERS[name], **own_roots(name)
-            )
-            for name in masters
-        ],
-        PORTS,
-        install_packages=False,
-        manage_services=True,
-        reactor={"keys": True, "first_highstate": True},
-        master={
-            "file_roots": roots["file_roots"],
-            "pillar_roots": roots["pillar_roots"],
-            "config": {"file_ignore_regex": FILE_IGNORE_REGEX},
-        },
-    )
-
-
-def failover_pillar():
-    """What the failover minion gets on top (failover options are refused in hot mode)."""
+    """The ``multimaster`` pillar every minion gets (hot mode, ``masters``, the lab's roots)."""
     return {
-        "mode": "failover",
-        "failover": {
-            "alive_interval": ALIVE_INTERVAL,
-            "failback": False,
-            "random_reauth_delay": 2,
-        },
+        "mode": "hot",
+        "masters": [{"id": name, "host": MASTERS[name]} for name in masters],
+        "install_packages": False,
+        "reactor": {"keys": True, "first_highstate": True},
+        "master": ROOTS,
     }
 
 
 def write_pillar(masters=FIRST_SET):
     """
-    lab/run/pillar: top.sls, multimaster.sls ('*', the set of ``masters``),
-    multimaster_failover.sls (minion2).
+    master1's /srv/pillar: top.sls, multimaster.sls ('*', the set of ``masters``),
+    multimaster_failover.sls (minion2: one master at a time).
     """
     top = {"base": {"*": ["multimaster"], FAILOVER_MINION: ["multimaster_failover"]}}
-    devkit.write_config(PILLAR / "top.sls", top, "Lab pillar top file (written by lab/lab.py)")
-    devkit.write_config(
-        PILLAR / "multimaster.sls",
+    write("master1", "/srv/pillar/top.sls", top, "Lab pillar top file (written by lab/lab.py)")
+    write(
+        "master1",
+        "/srv/pillar/multimaster.sls",
         {"multimaster": multimaster_pillar(masters)},
         "Hot multi-master: every minion talks to every master",
     )
-    devkit.write_config(
-        PILLAR / "multimaster_failover.sls",
-        {"multimaster": failover_pillar()},
+    failover = {
+        "mode": "failover",
+        "failover": {"alive_interval": ALIVE_INTERVAL, "failback": False, "random_reauth_delay": 2},
+    }
+    write(
+        "master1",
+        "/srv/pillar/multimaster_failover.sls",
+        {"multimaster": failover},
         f"{FAILOVER_MINION} only: one master at a time",
     )
 
 
 def write_configs():
-    """Config of every daemon (lab/run/<host>/master, lab/run/<host>/minion) and the pillar."""
+    """The lab's pace on every host; the formula, lab states, roots and pillar on master1."""
+    for name in HOSTS.hosts:
+        write(name, "/etc/salt/minion.d/lab.conf", MINION_OPTIONS, "lab pace (lab/lab.py)")
     for name in MASTERS:
-        devkit.write_config(master(name).dir / "master", master_options(name), f"lab master {name}")
-    for name in ALL_MINIONS:
-        devkit.write_config(minion(name).dir / "minion", minion_options(name), f"lab minion {name}")
+        write(name, "/etc/salt/master.d/lab.conf", MASTER_OPTIONS, "lab pace (lab/lab.py)")
+    write("master1", "/etc/salt/master.d/roots.conf", ROOTS, "the formula and the lab states")
+    devkit.copy_formula(host("master1").path(FORMULA_DIR))
+    shutil.copytree(REPO / "lab" / "salt", host("master1").path("/srv/salt"), dirs_exist_ok=True)
     write_pillar()
+
+
+def bootstrap(names, masters=("master1",)):
+    """Install Salt on the hosts ``names`` at once, as a bootstrap does; wait for the daemons."""
+    addresses = [MASTERS[m] for m in masters]
+
+    def one(name):
+        nshosts.bootstrap(
+            host(name), addresses[0] if len(addresses) == 1 else addresses, name in MASTERS
+        )
+        roles = ["master", "minion"] if name in MASTERS else ["minion"]
+        for role in roles:
+            wait_for(
+                f"salt-{role} {name} to start",
+                lambda role=role: pid_of(name, role),
+                DAEMON_START_TIMEOUT,
+                interval=0.3,
+                logs=[log(name, role)],
+            )
+        if name in MASTERS:
+            wait_master_listening(name)
+
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        for future in [pool.submit(one, name) for name in names]:
+            future.result()
 
 
 # --------------------------------------------------------------------------------------------
@@ -519,7 +377,13 @@ def write_configs():
 
 def key_lists(on_master):
     """``salt-key -L`` of a master as a dict of state -> ids."""
-    return run("salt-key", master(on_master).dir, "-L", timeout=60, out="json").data or {}
+    return run(on_master, "salt-key", "-L", timeout=60, out="json").data or {}
+
+
+def accepted_key(on_master, mid):
+    """The accepted key of ``mid`` on master ``on_master`` (as the machine sees it), or None."""
+    path = host(on_master).path(f"/etc/salt/pki/master/minions/{mid}")
+    return path.read_text() if path.is_file() else None
 
 
 def accept_minion_keys(on_master):
@@ -529,28 +393,13 @@ def accept_minion_keys(on_master):
         f"{len(wanted)} minion keys pending on {on_master}",
         lambda: wanted <= set(key_lists(on_master).get("minions_pre", [])),
         KEY_PENDING_TIMEOUT,
-        logs=[minion(name).log for name in MINIONS],
+        logs=[log(name, "minion") for name in MINIONS],
     )
     for name in MINIONS:
-        run("salt-key", master(on_master).dir, "-a", name, "-y", timeout=60)
+        run(on_master, "salt-key", "-a", name, "-y", timeout=60)
     accepted = set(key_lists(on_master).get("minions", []))
     if not wanted <= accepted:
         raise LabError(f"keys not accepted on {on_master}: {sorted(wanted - accepted)}")
-
-
-def salt_run(fun, *args, timeout=300, check=True):
-    """
-    ``salt-run`` on master1 (the primary). Returns the runner's return (the last JSON document
-    printed; progress events come before it).
-    """
-    result = run(
-        "salt-run", master("master1").dir, fun, *args, timeout=timeout, out="json", check=False
-    )
-    if check and result.returncode != 0:
-        raise LabError(
-            f"salt-run {fun} failed ({result.returncode}):\n{result.stdout}{result.stderr}"
-        )
-    return result.data if isinstance(result.data, dict) else {}
 
 
 def status_lines(title, status):
@@ -577,8 +426,8 @@ def status_lines(title, status):
 
 def sync_roots(report):
     """
-    ``sync_roots``: master2's own roots (empty so far) become master1's - the formula and the
-    lab pillar - and master2's file server lists the formula at once.
+    ``sync_roots``: master2's roots (empty so far) become master1's - the formula, the lab's
+    states and the lab pillar - and master2's file server lists the formula at once.
     """
     synced = salt_run("multimaster.sync_roots").get("masters", {}).get("master2", {})
     changes = synced.get("changes", {})
@@ -586,12 +435,9 @@ def sync_roots(report):
     line = (
         f"sync_roots -> master2: {counts.get('added', 0)} files added, "
         f"{counts.get('changed', 0)} changed, {counts.get('deleted', 0)} deleted, "
-        f"{changes.get('bytes', 0)} bytes moved into master2's own roots under "
-        f"{master('master2').dir.relative_to(REPO) / 'srv'} (via {synced.get('via')})"
+        f"{changes.get('bytes', 0)} bytes moved into master2's /srv (via {synced.get('via')})"
     )
-    listed = run(
-        "salt-run", master("master2").dir, "fileserver.file_list", timeout=60, out="json"
-    ).data
+    listed = run("master2", "salt-run", "fileserver.file_list", timeout=60, out="json").data
     if not counts.get("added") or "multimaster/minion/init.sls" not in (listed or []):
         raise LabError(f"sync_roots did not give master2 the formula: {synced}")
     report.notes.extend([line, ""])
@@ -611,7 +457,7 @@ def show_status(report, title):
 
 def answering(on_master, targets, timeout=5):
     """The subset of ``targets`` that answers ``test.ping`` from ``on_master``."""
-    if not read_pid(master(on_master)):
+    if not pid_of(on_master, "master"):
         return set()
     data = salt(on_master, ",".join(targets), "test.ping", timeout=timeout, list_target=True)
     return {mid for mid, ret in data.items() if ret is True}
@@ -630,26 +476,28 @@ def wait_answering(on_master, targets, timeout=None):
     try:
         wait_for(f"{targets} to answer test.ping from {on_master}", check, timeout)
     except LabError as exc:
-        logs = [master(on_master).log] + [minion(mid).log for mid in sorted(missing)]
+        logs = [log(on_master, "master")] + [log(mid, "minion") for mid in sorted(missing)]
         raise LabError(f"{exc}; still silent: {sorted(missing)}", logs) from None
 
 
 def check_returns(data, targets, what, on_master):
     """Raise LabError unless every target returned; for states, unless every state succeeded."""
-    logs = [master(on_master).log]
+    logs = [log(on_master, "master")]
     for mid in targets:
         ret = data.get(mid)
         if ret is None or isinstance(ret, str) and "did not return" in ret:
-            raise LabError(f"{what}: {mid} did not return", logs + [minion(mid).log])
+            raise LabError(f"{what}: {mid} did not return", logs + [log(mid, "minion")])
         if not isinstance(ret, dict):
-            raise LabError(f"{what}: {mid} returned {ret!r}", logs + [minion(mid).log])
+            raise LabError(f"{what}: {mid} returned {ret!r}", logs + [log(mid, "minion")])
         failed = [
             f"{state.get('__id__', sid)}: {state.get('comment')}"
             for sid, state in ret.items()
             if isinstance(state, dict) and "result" in state and state["result"] is not True
         ]
         if failed:
-            raise LabError(f"{what} failed on {mid}:\n  " + "\n  ".join(failed), [minion(mid).log])
+            raise LabError(
+                f"{what} failed on {mid}:\n  " + "\n  ".join(failed), [log(mid, "minion")]
+            )
 
 
 def sync_all(on_master):
@@ -689,46 +537,27 @@ def active_master(on_master, mid):
 # Lab steps
 
 
-def clean():
-    """Stop any previous lab's daemons and remove lab/run."""
-    stop_all()
-    if RUN.exists():
-        shutil.rmtree(RUN)
-
-
-def check_ports_free():
-    """Refuse to start when something already listens on the lab's addresses and ports."""
-    busy = [
-        f"{ip}:{port}"
-        for ip in MASTERS.values()
-        for port in (PORTS.publish, PORTS.ret)
-        if port_open(ip, port)
-    ]
-    if busy:
-        raise LabError(f"already in use: {', '.join(busy)} (another lab? try: lab.py down)")
-
-
-def restart_master_via_state(name):
-    """Apply multimaster.master to master ``name``'s control minion; wait if it restarted."""
-    old_pid = read_pid(master(name))
-    restarted = apply_state("master1", [name], "multimaster.master")
-    conf = master(name).dir / "master.d" / "multimaster.conf"
-    if not conf.is_file():
-        raise LabError(f"multimaster.master did not write {conf}", [minion(name).log])
-    if old_pid and name in restarted:
-        wait_restarted(master(name), old_pid)
+def configure_masters(names):
+    """Apply multimaster.master to the masters ``names`` from master1; wait for the restarts."""
+    old = {name: pid_of(name, "master") for name in names}
+    restarted = apply_state("master1", names, "multimaster.master")
+    for name in names:
+        if not host(name).path("/etc/salt/master.d/multimaster.conf").is_file():
+            raise LabError(f"multimaster.master wrote no master.d/multimaster.conf on {name}")
+        if name not in restarted:
+            raise LabError(f"multimaster.master did not restart the running {name}")
+        wait_restarted(name, "master", old[name])
         wait_master_listening(name)
-    return restarted
 
 
 def configure_minions():
     """Apply multimaster.minion everywhere from master1, then wait for the minions to restart."""
-    old = {mid: read_pid(minion(mid)) for mid in MINIONS}
+    old = {mid: pid_of(mid, "minion") for mid in MINIONS}
     restarted = apply_state("master1", sorted(MINIONS), "multimaster.minion")
     if restarted != set(MINIONS):
         raise LabError(f"multimaster.minion restarted only {sorted(restarted)}")
     for mid in MINIONS:
-        wait_restarted(minion(mid), old[mid])
+        wait_restarted(mid, "minion", old[mid])
 
 
 def expected_answers(on_master, minions=MINIONS):
@@ -753,7 +582,7 @@ def ping_matrix(report, title, via, masters=FIRST_SET, minions=MINIONS):
     for mid, role in minions.items():
         cells = ""
         for name in masters:
-            if not read_pid(master(name)):
+            if not pid_of(name, "master"):
                 cells += f"{'(stopped)':<15}"
             else:
                 cells += f"{'yes' if mid in answers[name] else 'no':<15}"
@@ -768,20 +597,25 @@ def ping_matrix(report, title, via, masters=FIRST_SET, minions=MINIONS):
     return answers
 
 
+def host_lines():
+    """Each host's name, address and daemons."""
+    lines = ["Hosts (bridge " + HOSTS.bridge + ", Salt on its default paths and ports):"]
+    for item in HOSTS:
+        daemons = "salt-master + control minion" if item.name in MASTERS else "salt-minion"
+        lines.append(f"  {item.name:<9} {item.address:<12} {daemons}")
+    return lines
+
+
 def build(report):
     """Everything up to a running, configured two-master lab with the ping matrix shown."""
-    with report.step("clean previous lab"):
-        clean()
-        check_ports_free()
-    with report.step("write configs (3 masters, 6 minions) and pillar (master1, master2)"):
+    with report.step(f"make {len(HOSTS.hosts)} namespace hosts (a previous lab removed)"):
+        HOSTS.up()
+    report.notes.extend(host_lines() + [""])
+    print("\n".join(host_lines()), flush=True)
+    with report.step("lab config on every host; formula, lab states, pillar on master1"):
         write_configs()
-    with report.step("start master1"):
-        start_daemon(master("master1"))
-        wait_master_listening("master1")
-    with report.step("start 4 minions (they know only master1)"):
-        with concurrent.futures.ThreadPoolExecutor(len(MINIONS)) as pool:
-            for future in [pool.submit(start_daemon, minion(mid)) for mid in MINIONS]:
-                future.result()
+    with report.step("bootstrap master1, master2, minion1, minion2 (minions know master1)"):
+        bootstrap(["master1", "master2", "minion1", "minion2"])
     with report.step("accept the minion keys on master1 (salt-key -a)"):
         accept_minion_keys("master1")
         wait_answering("master1", MINIONS)
@@ -789,15 +623,9 @@ def build(report):
         sync_all("master1")
     with report.step("salt-run saltutil.sync_all (runners, before master1's reactors start)"):
         salt_run("saltutil.sync_all")
-    with report.step("state.apply multimaster.master on master2 (stopped)"):
-        restart_master_via_state("master2")
-    with report.step("state.apply multimaster.master on master1 (restarts it)"):
-        if "master1" not in restart_master_via_state("master1"):
-            raise LabError("multimaster.master did not restart the running master1")
+    with report.step("state.apply multimaster.master on master1, master2 (they restart)"):
+        configure_masters(list(FIRST_SET))
         wait_answering("master1", MINIONS)
-    with report.step("start master2 (it makes its own master key)"):
-        start_daemon(master("master2"))
-        wait_master_listening("master2")
     with report.step("salt-run multimaster.status (before)"):
         show_status(report, "salt-run multimaster.status, before:")
     with report.step("salt-run multimaster.sync_master_key (sealed, restart)"):
@@ -822,31 +650,30 @@ def build(report):
 def key_reactor(report):
     """``salt-key -a`` on master2 reaches master1 through master2's key reactor."""
     with report.step("multimaster.sync_master_modules on master2 (runners for its reactors)"):
-        old_pid = read_pid(master("master2"))
+        old_pid = pid_of("master2", "master")
         synced = salt("master1", "master2", "multimaster.sync_master_modules", timeout=120)
         if "multimaster" not in str((synced.get("master2") or {}).get("synced")):
             raise LabError(f"master2 did not get the formula's runners: {synced}")
-        wait_restarted(master("master2"), old_pid)
+        wait_restarted("master2", "master", old_pid)
         wait_master_listening("master2")
         wait_answering("master2", expected_answers("master2"))
     with report.step(f"salt-key -a {NEWCOMER} on master2; the reactor accepts it on master1"):
         pem = devkit.new_public_pem()
         for name in FIRST_SET:
-            pending = master(name).pki_dir / "minions_pre" / NEWCOMER
+            pending = host(name).path(f"/etc/salt/pki/master/minions_pre/{NEWCOMER}")
             pending.write_text(pem)
         began = time.monotonic()
-        run("salt-key", master("master2").dir, "-a", NEWCOMER, "-y", timeout=60)
-        accepted = master("master1").pki_dir / "minions" / NEWCOMER
+        run("master2", "salt-key", "-a", NEWCOMER, "-y", timeout=60)
         wait_for(
             f"{NEWCOMER} accepted on master1 by master2's key reactor",
-            accepted.exists,
+            lambda: accepted_key("master1", NEWCOMER),
             REACTOR_TIMEOUT,
             interval=0.1,
-            logs=[master("master2").log],
+            logs=[log("master2", "master")],
         )
         seconds = time.monotonic() - began
-        if accepted.read_text() != pem:
-            raise LabError(f"master1 holds another key for {NEWCOMER}", [master("master2").log])
+        if accepted_key("master1", NEWCOMER) != pem:
+            raise LabError(f"master1 holds another key for {NEWCOMER}", [log("master2", "master")])
     report.notes.append(
         f"Key reactor: salt-key -a {NEWCOMER} on master2 -> the same key accepted on master1 "
         f"{seconds:.1f}s later (salt-key CLI included)."
@@ -856,7 +683,7 @@ def key_reactor(report):
 
 def highstates(name):
     """The lines the demo's highstate (lab/salt/lab_demo) appended on minion ``name``."""
-    path = minion(name).dir / "highstates.log"
+    path = host(name).path("/var/cache/salt/minion/highstates.log")
     return path.read_text().splitlines() if path.exists() else []
 
 
@@ -869,16 +696,15 @@ def accept_new_minion(name, reactor_on):
         f"{name}'s key pending on master1",
         lambda: name in key_lists("master1").get("minions_pre", []),
         KEY_PENDING_TIMEOUT,
-        logs=[minion(name).log],
+        logs=[log(name, "minion")],
     )
-    run("salt-key", master("master1").dir, "-a", name, "-y", timeout=60)
-    accepted = master(reactor_on).pki_dir / "minions" / name
+    run("master1", "salt-key", "-a", name, "-y", timeout=60)
     wait_for(
         f"{name} accepted on {reactor_on} by master1's key reactor",
-        accepted.exists,
+        lambda: accepted_key(reactor_on, name),
         REACTOR_TIMEOUT,
         interval=0.2,
-        logs=[master("master1").log],
+        logs=[log("master1", "master")],
     )
 
 
@@ -888,8 +714,8 @@ def first_highstate(report):
     on master2, and its first start gets exactly one highstate from the set - not one per
     master, not another when it restarts.
     """
-    with report.step(f"start {NEW_MINION} (new, hot); salt-key -a on master1 only"):
-        start_daemon(minion(NEW_MINION))
+    with report.step(f"bootstrap {NEW_MINION} (new, hot); salt-key -a on master1 only"):
+        bootstrap([NEW_MINION], masters=FIRST_SET)
         accept_new_minion(NEW_MINION, reactor_on="master2")
     with report.step(f"{NEW_MINION}'s first start: one highstate (first-highstate reactor)"):
         began = time.monotonic()
@@ -897,14 +723,13 @@ def first_highstate(report):
             f"the first highstate on {NEW_MINION}",
             lambda: highstates(NEW_MINION),
             STATE_TIMEOUT,
-            logs=[minion(NEW_MINION).log, master("master1").log, master("master2").log],
+            logs=[log(NEW_MINION, "minion"), log("master1", "master"), log("master2", "master")],
         )
         seconds = time.monotonic() - began
         for name in FIRST_SET:
             wait_answering(name, [NEW_MINION])
     with report.step(f"restart {NEW_MINION}: both masters react again, no second highstate"):
-        stop_daemon(minion(NEW_MINION))
-        start_daemon(minion(NEW_MINION))
+        host(NEW_MINION).sh("systemctl restart salt-minion")
         for name in FIRST_SET:
             wait_answering(name, [NEW_MINION])
         # Both masters' reactors have seen the start event by now; give them time to act.
@@ -957,10 +782,8 @@ def add_master(report):
     master3 joins with ``state.orch multimaster.orch.add_master`` while master1 pings the hot
     minion1 once a second; afterwards every hot minion answers master3.
     """
-    with report.step(f"start {NEW_MASTER} and its control minion; salt-key -a on master1"):
-        start_daemon(master(NEW_MASTER))
-        wait_master_listening(NEW_MASTER)
-        start_daemon(minion(NEW_MASTER))
+    with report.step(f"bootstrap {NEW_MASTER} (master + control minion); salt-key -a on master1"):
+        bootstrap([NEW_MASTER])
         accept_new_minion(NEW_MASTER, reactor_on="master2")
         wait_answering("master1", [NEW_MASTER])
         # Its first start got it a first highstate too: let that finish before the orchestration
@@ -969,7 +792,7 @@ def add_master(report):
             f"the first highstate on {NEW_MASTER}'s control minion",
             lambda: highstates(NEW_MASTER),
             STATE_TIMEOUT,
-            logs=[minion(NEW_MASTER).log],
+            logs=[log(NEW_MASTER, "minion")],
         )
         wait_for(
             f"{NEW_MASTER}'s control minion to finish its jobs",
@@ -986,7 +809,7 @@ def add_master(report):
         began = time.monotonic()
         try:
             result = run(
-                "salt-run", master("master1").dir, "state.orch", "multimaster.orch.add_master",
+                "master1", "salt-run", "state.orch", "multimaster.orch.add_master",
                 "pillar=" + json.dumps({"multimaster_new": NEW_MASTER}),
                 timeout=ORCH_TIMEOUT, out="json", check=False,
             )  # fmt: skip
@@ -997,7 +820,7 @@ def add_master(report):
         if result.returncode != 0:
             raise LabError(
                 "add_master failed:\n  " + "\n  ".join(orchestration_failures(result)),
-                [master("master1").log],
+                [log("master1", "master")],
             )
     with report.step(f"wait for every minion on {NEW_MASTER}"):
         wait_answering(NEW_MASTER, expected_answers(NEW_MASTER, ALL_MINIONS))
@@ -1023,7 +846,7 @@ def failover(report):
     others = [name for name in MASTERS if name != "master1"]
     with report.step(f"stop master1; wait for {FAILOVER_MINION} to answer from another master"):
         began = time.monotonic()
-        stop_daemon(master("master1"))
+        host("master1").sh("systemctl stop salt-master")
         stopped = time.monotonic() - began
 
         def answered_by():
@@ -1038,12 +861,12 @@ def failover(report):
             answered_by,
             FAILOVER_TIMEOUT,
             interval=0.5,
-            logs=[minion(FAILOVER_MINION).log] + [master(name).log for name in others],
+            logs=[log(FAILOVER_MINION, "minion")] + [log(name, "master") for name in others],
         )
         seconds = time.monotonic() - began
     report.notes.append(
         f"Failover: {FAILOVER_MINION} answered test.ping from {serving} {seconds:.1f}s after "
-        f"master1 was sent SIGTERM (master1 took {stopped:.1f}s to exit; "
+        f"`systemctl stop salt-master` on master1 (master1 took {stopped:.1f}s to exit; "
         f"master_alive_interval {ALIVE_INTERVAL}s)."
     )
     print(report.notes[-1], flush=True)
@@ -1058,16 +881,26 @@ def show_failure(exc):
     """Print a failed step's message and the end of each log that explains it."""
     sys.stdout.flush()
     print(f"\nERROR: {exc}", file=sys.stderr)
-    for log in exc.logs:
-        print(f"\n--- last lines of {log} ---", file=sys.stderr)
+    for path in exc.logs:
+        print(f"\n--- last lines of {path} ---", file=sys.stderr)
         try:
-            print("\n".join(log.read_text(errors="replace").splitlines()[-15:]), file=sys.stderr)
+            print("\n".join(path.read_text(errors="replace").splitlines()[-15:]), file=sys.stderr)
         except OSError as err:
             print(f"(cannot read: {err})", file=sys.stderr)
 
 
+def keep_logs():
+    """Copy every host's /var/log/salt to lab/run/logs/<host>/ (before the hosts go)."""
+    for item in HOSTS:
+        dest = LOGS / item.name
+        shutil.rmtree(dest, ignore_errors=True)
+        if item.path("/var/log/salt").is_dir():
+            shutil.copytree(item.path("/var/log/salt"), dest)
+    return LOGS.relative_to(REPO)
+
+
 def run_lab(keep_running, with_failover):
-    """Build the lab (and run the failover demo); stop everything unless ``keep_running``."""
+    """Build the lab (and run the failover demo); remove the hosts unless ``keep_running``."""
     report = Report()
     ok, outcome = False, "FAILED"
     try:
@@ -1082,31 +915,55 @@ def run_lab(keep_running, with_failover):
         show_failure(exc)
         outcome = f"FAILED: {str(exc).splitlines()[0]}"
         if exc.logs:
-            outcome += "\n  see: " + ", ".join(str(log) for log in exc.logs)
-    except KeyboardInterrupt:
-        outcome = "FAILED: interrupted"
-    except Exception as exc:  # a bug in the lab itself: still stop the daemons and say so
+            outcome += "\n  see: " + ", ".join(str(path) for path in exc.logs)
+    except (KeyboardInterrupt, nshosts.HostError) as exc:
+        traceback.print_exc()
+        outcome = f"FAILED: {exc!r}"
+    except Exception as exc:  # a bug in the lab itself: still remove the hosts and say so
         traceback.print_exc()
         outcome = f"FAILED: unexpected {exc!r}"
     finally:
+        if not ok:
+            outcome += f"\n  the hosts' logs: {keep_logs()}/<host>/"
         if not (ok and keep_running):
-            with report.step("stop all lab daemons"):
-                stop_all()
+            with report.step("stop every daemon, remove the hosts"):
+                HOSTS.down()
     print(report.render(outcome), flush=True)
     if ok and keep_running:
+        me = f"{sys.executable} {__file__}"
         print(
             "The lab is running. Try:\n"
-            f"  {BIN / 'salt'} -c {master('master1').dir} '*' test.ping\n"
-            f"  {BIN / 'salt'} -c {master('master2').dir} '*' test.ping\n"
-            f"Logs: {RUN}/<host>/log/. Stop it with: {sys.executable} {__file__} down"
+            f"  {me} sh master1 salt '*' test.ping\n"
+            f"  {me} sh master3 salt-run multimaster.status\n"
+            f"  {me} sh minion1            # a shell on minion1 (exit to leave)\n"
+            f"Each host's /etc/salt, /var/log/salt ... are under {nshosts.STATE_DIR}/"
+            f"{PREFIX}-<host>/. Remove it all with: {me} down"
         )
     return 0 if ok else 1
 
 
+def shell(name, command):
+    """
+    Run ``command`` on host ``name``: its words as one command line, or one word as a script;
+    without one, an interactive shell there (the machine's rc files left out).
+    """
+    if name not in HOSTS.hosts:
+        raise SystemExit(f"no lab host {name!r}; hosts: {', '.join(HOSTS.hosts)}")
+    if not Path(f"/run/netns/{host(name).netns}").exists():
+        raise SystemExit(f"{name} is not up: run lab.py up first")
+    if command:
+        args = ["-c", command[0] if len(command) == 1 else shlex.join(command)]
+    else:
+        args = ["--norc", "-i"]
+    env = {"TERM": os.environ.get("TERM", "dumb"), "PS1": r"\u@\h:\w# "}
+    argv = host(name).shell(*args, env=env)
+    os.execvp(argv[0], argv)
+
+
 def down():
-    """Stop every lab daemon and remove lab/run."""
-    clean()
-    print(f"lab stopped; {RUN} removed")
+    """Stop every lab daemon and remove the hosts."""
+    HOSTS.down()
+    print(f"lab stopped; hosts {', '.join(HOSTS.hosts)} and bridge {HOSTS.bridge} removed")
     return 0
 
 
@@ -1121,12 +978,21 @@ def main(argv=None):
         "command",
         nargs="?",
         default="demo",
-        choices=("demo", "up", "down"),
-        help="demo (default): run and stop; up: build and leave running; down: stop and clean",
+        choices=("demo", "up", "sh", "down"),
+        help="demo (default): run and remove; up: build and leave running; sh HOST [CMD...]: "
+        "run on a host; down: stop and remove",
     )
+    parser.add_argument("host", nargs="?", help="sh: the host")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="sh: the command")
     args = parser.parse_args(argv)
     if args.command == "down":
         return down()
+    if args.command == "sh":
+        if not args.host:
+            parser.error("sh needs a host")
+        return shell(args.host, args.cmd)
+    if args.host:
+        parser.error(f"{args.command} takes no host")
     return run_lab(keep_running=args.command == "up", with_failover=args.command == "demo")
 
 

@@ -10,8 +10,8 @@ import pytest
 import salt.config
 import salt.loader
 
-from tests.support import devkit
 from tests.unit import helpers  # noqa: F401  (puts _utils on sys.path)
+from toolkit import devkit
 
 import multimaster_keys  # noqa: E402  isort: skip
 import multimaster_keystore  # noqa: E402  isort: skip

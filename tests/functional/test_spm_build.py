@@ -23,6 +23,7 @@ EXCLUDE = [
     ".ruff_cache",
     ".ci",
     "lab",
+    "toolkit",
     "tests",
     "bench",
     "dist",

@@ -23,7 +23,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tests.support import devkit  # noqa: E402
+from toolkit import devkit  # noqa: E402
 
 # The publish/ret pair every master of one test module binds (each on its own address).
 Ports = devkit.Ports

@@ -11,7 +11,7 @@ from .helpers import ROOT
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.support import devkit  # noqa: E402
+from toolkit import devkit  # noqa: E402
 
 # The unit tests' names for the toolkit's PEM encoders.
 pub_pem = devkit.public_pem

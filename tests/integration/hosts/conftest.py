@@ -1,11 +1,11 @@
 """
-Fixtures for the tests on separate hosts (``tests/support/hosts.py``): Linux namespaces with
+Fixtures for the tests on separate hosts (``toolkit/hosts.py``): Linux namespaces with
 their own address, hostname and Salt directories, Salt on its default paths.
 """
 
 import pytest
 
-from tests.support import hosts as nshosts
+from toolkit import hosts as nshosts
 
 
 @pytest.fixture(scope="module")

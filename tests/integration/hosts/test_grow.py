@@ -6,8 +6,8 @@ reaction that could not run said so in the master's log at error level. Then the
 master" walk-through of docs/adding-masters.md runs as written: master3 joins and leaves.
 """
 
-from tests.support import hosts as nshosts
 from tests.support import walkthrough
+from toolkit import hosts as nshosts
 
 HOSTS = {
     "master1": "10.0.3.61",

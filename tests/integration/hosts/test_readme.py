@@ -4,8 +4,8 @@ as written on four separate hosts with Salt's default paths; only the bootstrap 
 replaced by what it installs. A change to the README that breaks it fails here.
 """
 
-from tests.support import hosts as nshosts
 from tests.support import walkthrough
+from toolkit import hosts as nshosts
 
 SECTION = "On real hosts: a failover pair from bare machines"
 HOSTS = {

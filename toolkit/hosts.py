@@ -8,7 +8,9 @@ its default paths and ports, started as ``salt-master -d`` / ``salt-minion -d``:
 
 Everything a ``HostSet`` makes is named with its ``prefix`` and removed by ``down()`` (and by
 the next ``up()`` after a run that was killed): processes, namespaces, veth pairs, the bridge,
-the hosts' directories. Needs root, ``ip`` (iproute2), ``unshare`` and ``nsenter`` (util-linux).
+mounts, the hosts' directories. Sets of different prefixes (the tests' ``mm``, the lab's) can
+exist at once, each on its own bridge. Needs root, ``ip`` (iproute2), ``unshare`` and
+``nsenter`` (util-linux).
 
     with HostSet([Host("master1", "10.0.3.61"), Host("minion1", "10.0.3.71")]) as hosts:
         hosts["master1"].sh("salt-key -L")
@@ -102,7 +104,14 @@ class Host:
         """
         This host's private directories on the machine's disk.
         """
-        return self.state_dir / self.name
+        return self.state_dir / self.netns
+
+    @property
+    def handles(self):
+        """
+        The stem of this host's namespace handles (``.mnt``, ``.uts``).
+        """
+        return HANDLES / self.netns
 
     def path(self, inside):
         """
@@ -120,12 +129,11 @@ class Host:
         """
         The ``nsenter`` prefix that runs a command on this host.
         """
-        handles = HANDLES / self.name
         return [
             "nsenter",
             f"--net=/run/netns/{self.netns}",
-            f"--mount={handles}.mnt",
-            f"--uts={handles}.uts",
+            f"--mount={self.handles}.mnt",
+            f"--uts={self.handles}.uts",
             "--wd=/srv",
             "--",
         ]
@@ -138,14 +146,20 @@ class Host:
             "HOSTNAME": self.name,
         }
 
+    def shell(self, *args, env=None):
+        """
+        The argv of ``bash *args`` on this host, in its environment (``env`` added).
+        """
+        argv = [*self.enter(), "env", "-i"]
+        argv += [f"{k}={v}" for k, v in {**self.environment(), **(env or {})}.items()]
+        return [*argv, "bash", *args]
+
     def sh(self, script, check=True, timeout=300, env=None):
         """
         Run ``script`` with ``bash -e`` on this host; returns the CompletedProcess. A failure
         (with ``check``) raises ``HostError`` carrying the output.
         """
-        argv = [*self.enter(), "env", "-i"]
-        argv += [f"{k}={v}" for k, v in {**self.environment(), **(env or {})}.items()]
-        argv += ["bash", "-e", "-o", "pipefail", "-c", script]
+        argv = self.shell("-e", "-o", "pipefail", "-c", script, env=env)
         return _run(argv, check=check, timeout=timeout)
 
     def pids(self):
@@ -159,17 +173,7 @@ class Host:
         """
         Stop every process of this host: SIGTERM, then SIGKILL what is left.
         """
-        procs = []
-        for pid in self.pids():
-            with contextlib.suppress(psutil.Error):
-                proc = psutil.Process(pid)
-                proc.terminate()
-                procs.append(proc)
-        _, alive = psutil.wait_procs(procs, timeout=timeout)
-        for proc in alive:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(alive, timeout=10)
+        _kill(self.pids(), timeout)
 
     def log(self, name, tail=80):
         """
@@ -250,7 +254,7 @@ class HostSet:
         bindir.mkdir()
         (bindir / "systemctl").write_text(SYSTEMCTL)
         (bindir / "systemctl").chmod(0o755)
-        handles = HANDLES / host.name
+        handles = host.handles
         for kind in ("mnt", "uts"):
             pathlib.Path(f"{handles}.{kind}").touch()
         binds = [f"mount --bind {host.path(p)} {p}" for p in (*PRIVATE_DIRS, "/etc/hosts")]
@@ -276,21 +280,37 @@ class HostSet:
         """
         Remove every host of this prefix, also those a killed run left behind.
         """
-        for netns in _run(["ip", "netns", "list"], check=False).stdout.split("\n"):
-            name = netns.split(" ")[0]
-            if name.startswith(f"{self.prefix}-"):
-                host = Host(name[len(self.prefix) + 1 :], "0.0.0.0", self.prefix)
-                host.kill_all()
-                _run(["ip", "netns", "delete", name], check=False)
+        names = [
+            line.split(" ")[0]
+            for line in _run(["ip", "netns", "list"], check=False).stdout.splitlines()
+            if line.startswith(f"{self.prefix}-")
+        ]
+        # Every host's processes at once: their daemons stop side by side.
+        _kill(
+            [
+                pid
+                for name in names
+                for pid in Host(name[len(self.prefix) + 1 :], "0.0.0.0", self.prefix).pids()
+            ]
+        )
+        for name in names:
+            _run(["ip", "netns", "delete", name], check=False)
         for link in _links(f"{self.prefix}v"):
             _run(["ip", "link", "delete", link], check=False)
         _run(["ip", "link", "delete", self.bridge], check=False)
         for host in self:
             for kind in ("mnt", "uts"):
-                handle = pathlib.Path(f"{HANDLES / host.name}.{kind}")
+                handle = pathlib.Path(f"{host.handles}.{kind}")
                 _run(["umount", str(handle)], check=False)
                 handle.unlink(missing_ok=True)
             shutil.rmtree(host.root, ignore_errors=True)
+        # The shared parents go with the last set of any prefix.
+        with contextlib.suppress(OSError):
+            STATE_DIR.rmdir()
+        if HANDLES.is_dir() and not any(HANDLES.iterdir()):
+            _run(["umount", str(HANDLES)], check=False)
+            with contextlib.suppress(OSError):
+                HANDLES.rmdir()
 
     def wait(self, what, check, timeout, interval=2.0):
         """
@@ -304,6 +324,23 @@ class HostSet:
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}")
             time.sleep(interval)
+
+
+def _kill(pids, timeout=20):
+    """
+    SIGTERM ``pids``, then SIGKILL what is left after ``timeout`` s.
+    """
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            proc.terminate()
+            procs.append(proc)
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=10)
 
 
 def _links(prefix):
@@ -324,8 +361,9 @@ def bootstrap(host, master_address, master=False, ship_config=True):
     """
     What the Salt Project's bootstrap script leaves on a host (``-A <address> -i <id>``, ``-M``
     for a master): Salt on PATH, ``/etc/salt/minion`` (and ``master``) as the packages ship
-    them, every option commented out, the minion id and master address, and the daemons
-    started. ``ship_config=False``: a pip install, which ships no config file at all.
+    them, every option commented out, the minion id and master address (a list: the minion of
+    several masters, as configured after the bootstrap), and the daemons started.
+    ``ship_config=False``: a pip install, which ships no config file at all.
     """
     files = {"/etc/salt/minion_id": host.name}
     # The packages create both include dirs; a pip install creates neither.
@@ -333,6 +371,8 @@ def bootstrap(host, master_address, master=False, ship_config=True):
         host.path("/etc/salt/master.d" if master else "/etc/salt/minion.d").mkdir(
             parents=True, exist_ok=True
         )
+    if not isinstance(master_address, str):
+        master_address = f"[{', '.join(master_address)}]"
     files["/etc/salt/minion.d/99-master-address.conf"] = f"master: {master_address}\n"
     if ship_config:
         files["/etc/salt/minion"] = "##### Primary configuration settings #####\n#master: salt\n"
@@ -353,6 +393,6 @@ def formula_git():
     """
     The repository under test as the URL a host clones the formula from (its committed HEAD).
     """
-    root = pathlib.Path(__file__).resolve().parents[2]
+    root = pathlib.Path(__file__).resolve().parents[1]
     _run(["git", "-C", str(root), "rev-parse", "HEAD"])
     return str(root)

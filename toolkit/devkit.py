@@ -1,18 +1,18 @@
 """
-The development toolkit shared by the demo lab (``lab/``), the benchmark (``bench/``) and the
+The daemon toolkit shared by the demo lab (``lab/``), the benchmark (``bench/``) and the
 tests: wait for and stop daemons, make RSA keys, write daemon configs and pillar, run the Salt CLIs
 with JSON output.
 
 Import it after putting the repository root on ``sys.path``::
 
     sys.path.insert(0, str(REPO_ROOT))
-    from tests.support import devkit
+    from toolkit import devkit
 
-It lives under ``tests/`` on purpose: ``_utils/`` is synced to every minion, and the SPM build
-excludes ``tests/`` like ``lab/`` and ``bench/`` (see ``tests/functional/test_spm_build.py``); it
-is outside every ``_<type>/`` dir, so ``saltutil.sync_all`` never ships it, and the lab serves
-only the formula's dirs. The pid and wait helpers are those the formula's own restarts use
-(``_utils/multimaster_daemon.py``), re-exported here so that no caller keeps a copy of its own.
+It is outside every ``_<type>/`` dir, so ``saltutil.sync_all`` never ships it, and the SPM build
+excludes ``toolkit/`` like ``lab/``, ``bench/`` and ``tests/`` (see
+``tests/functional/test_spm_build.py``). The pid and wait helpers are those the formula's own
+restarts use (``_utils/multimaster_daemon.py``), re-exported here so that no caller keeps a copy
+of its own.
 """
 
 import contextlib
@@ -32,7 +32,7 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The Salt CLIs of the virtualenv running us: the lab, the bench and the tests drive the Salt
 # they were installed with, never one found on PATH.
 BIN = pathlib.Path(sys.executable).parent
