@@ -726,6 +726,10 @@ def master_config(settings, master, own=None):
     interface = _interface(settings, master)
     if interface:
         config["interface"] = interface
+    if settings["mode"] == "cluster":
+        # Salt's cluster looks a master up among its peers by its id (less ``_master``), which
+        # defaults to the hostname: unset, the peers never find their entry and never form.
+        config["id"] = interface
     # A master's own roots (masters sharing a host need different paths) win.
     for key in ROOTS_KEYS:
         if key in master or key in section:

@@ -43,6 +43,8 @@ def test_each_master_peers_with_the_others_on_its_own_address(defaults):
     }
     master = ms.master_config(settings, settings["masters"][1])
     assert master["interface"] == HOSTS[1]
+    # Salt's id would be the hostname: the peers would not find this master's entry.
+    assert master["id"] == HOSTS[1]
     assert "cluster_secret" not in master and "secret" not in master["multimaster"]["cluster"]
 
 
