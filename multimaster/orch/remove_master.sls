@@ -111,18 +111,21 @@ multimaster-orch-remove-master-peer-forgotten:
     - require:
       - salt: multimaster-orch-remove-master-stopped
 
-{#- Each master restarts once its control minion's job has returned: the master running this
-    orchestration goes last, alone, so that it never restarts while it waits for a return. #}
+{#- Each master restarts once its control minion's job has returned, one at a time, each
+    settled before the next: masters of a cluster that start together race their joins (a
+    peer refuses a join whose token another start replaced, and that master keeps an AES key
+    of its own). The master running this orchestration goes last, so that it never restarts
+    while it waits for a return. #}
 {%-   set here = opts.get("interface") %}
 {%-   set ns = namespace(own=[], others=[], last="multimaster-orch-remove-master-peer-forgotten") %}
 {%-   for master in mapdata.masters %}
 {%-     if (master.get("interface") or master.host) == here %}
 {%-       set ns.own = ns.own + [master.minion_id] %}
 {%-     else %}
-{%-       set ns.others = ns.others + [master.minion_id] %}
+{%-       set ns.others = ns.others + [("peer-" ~ (ns.others | length + 1), [master.minion_id])] %}
 {%-     endif %}
 {%-   endfor %}
-{%-   for step, targets in [("others", ns.others), ("here", ns.own)] if targets %}
+{%-   for step, targets in ns.others + [("here", ns.own)] if targets %}
 
 multimaster-orch-remove-master-masters-configured-{{ step }}:
   salt.state:

@@ -5,6 +5,7 @@ the pillar asked for. A bad pillar makes every SLS fail to render, naming the ke
 """
 
 import copy
+import itertools
 import json
 import os
 import pathlib
@@ -558,6 +559,26 @@ def test_remove_master_renders_its_steps_for_an_id(rendered, variant, gone):
     high = states(render_orch(env, "remove_master", **orch_pillar))
     assert "multimaster-orch-remove-master-status" in high
     assert not [sid for sid in high if sid.endswith(("-refused", "-unknown"))], list(high)
+
+
+def test_remove_master_restarts_the_cluster_masters_one_at_a_time(rendered):
+    """
+    Cluster masters that start together race their joins (one keeps an AES key of its own):
+    each master's ``multimaster.master`` is a step of its own, after the previous one settled.
+    """
+    env, _ = rendered("cluster")
+    orch_pillar = {"multimaster_remove": "127.0.0.4", "multimaster_balancer_minion": "lb1"}
+    high = states(render_orch(env, "remove_master", **orch_pillar))
+    prefix = "multimaster-orch-remove-master-masters-configured-"
+    steps = [sid for sid in high if sid.startswith(prefix)]
+    assert len(steps) >= 2, list(high)
+    for sid in steps:
+        _, kwargs = args(high[sid])
+        assert len(kwargs["tgt"]) == 1, (sid, kwargs["tgt"])
+    for earlier, later in itertools.pairwise(steps):
+        settled = earlier.replace("-configured-", "-settled-")
+        _, kwargs = args(high[later])
+        assert {"salt": settled} in kwargs["require"], (later, kwargs["require"])
 
 
 def test_add_master_refuses_a_crafted_id_by_name(rendered):
