@@ -428,7 +428,7 @@ def _not_just_started():
     return None
 
 
-def stop_master(config_dir=None, service="salt-master", timeout=60):
+def stop_master(config_dir=None, service="salt-master", timeout=60, after_return=False):
     """
     Stop the salt-master of ``config_dir`` on this host (a system service where it is one, else
     the verified pid of its pidfile) and wait until it is gone; what ``multimaster.orch.
@@ -445,6 +445,11 @@ def stop_master(config_dir=None, service="salt-master", timeout=60):
     timeout
         Seconds to wait for it to exit.
 
+    after_return
+        Stop it only once this job has returned, from a detached watcher, and return at once:
+        for a minion whose only master is this one (a cluster master's control minion), which
+        could not return after it stopped. ``multimaster.wait_master_stopped`` confirms it.
+
     CLI Example:
 
     .. code-block:: bash
@@ -453,6 +458,11 @@ def stop_master(config_dir=None, service="salt-master", timeout=60):
     """
     config_dir = config_dir or os.path.dirname(__opts__["conf_file"])
     mopts = multimaster_keystore.master_opts(config_dir)
+    if after_return:
+        scheduled = multimaster_daemon.schedule_restart(
+            mopts["pidfile"], service, "salt-master", config_dir, wait_pid=os.getpid(), stop=True
+        )
+        return dict(scheduled, config_dir=config_dir)
     stopped = multimaster_daemon.stop_now(
         mopts["pidfile"], service, "salt-master", config_dir, timeout=float(timeout)
     )

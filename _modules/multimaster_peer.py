@@ -39,6 +39,7 @@ from salt.exceptions import (
 )
 
 try:
+    import multimaster_cluster
     import multimaster_daemon
     import multimaster_handshake
     import multimaster_ids
@@ -577,6 +578,62 @@ def install_cluster_peer_keys(keys, order):
         ret["written"].append(peer)
     if ret["written"]:
         log.info("multimaster: cluster peer keys added: %s", ", ".join(ret["written"]))
+    return ret
+
+
+@_signed_answer
+def cluster_aes_info():
+    """
+    The stamp and digest of the cluster's AES key this master holds (``cluster_pki_dir/.aes``;
+    None before its first start) and a challenge for the runner's next envelope. Never the key.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.share_cluster_aes   # the runner calls this
+    """
+    master, _, mopts, _ = _cluster_local()
+    return {"held": multimaster_cluster.held_aes(mopts), "binding": _binding(master)}
+
+
+@_signed_answer
+def install_cluster_aes(envelope):
+    """
+    Install the cluster's AES key sealed to this control minion by ``share_cluster_aes``, if it
+    is newer than the one this master holds (``multimaster_cluster.newer``), and make the
+    running salt-master re-read it (no restart). The envelope must be signed with the cluster's
+    key and bound to a challenge from ``cluster_aes_info``, this master and its config dir.
+    Never returns or logs the key.
+
+    envelope
+        The sealed key: small, and sealed to this minion's key, so it travels in the publish
+        (no pull channel crosses the masters of a cluster).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.share_cluster_aes   # the runner calls this; not meant for the CLI
+    """
+    master, _, mopts, _ = _cluster_local()
+    body, bound = multimaster_seal.unseal(
+        envelope,
+        "cluster_aes",
+        __opts__["id"],
+        _read_own("minion.pem"),
+        _read_own("minion_master.pub"),
+        _expect(master),
+        _challenges(),
+    )
+    stamp = body.get("stamp")
+    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
+        raise CommandExecutionError(f"sealed cluster AES key: stamp {stamp!r} is not a time")
+    installed = multimaster_cluster.install_aes(mopts, body.pop("key", None), stamp)
+    ret = {"installed": installed, "reloaded": False}
+    if installed:
+        log.info("multimaster: cluster AES key from %s installed", bound.get("sender"))
+        ret["reloaded"] = multimaster_cluster.reload(mopts, bound.get("sender") or "multimaster")
     return ret
 
 

@@ -31,6 +31,7 @@ import salt.utils.minions
 from salt.exceptions import SaltClientError, SaltInvocationError
 
 try:
+    import multimaster_cluster
     import multimaster_daemon
     import multimaster_ids
     import multimaster_keys
@@ -750,6 +751,49 @@ def wait_masters(timeout=180, interval=1, skip=None):
             # A restarted master may have won the election: see cluster_ready.
             _nudge_raft()
             next_nudge = waited + READY_NUDGE_INTERVAL
+        time.sleep(float(interval))
+
+
+def wait_master_stopped(host, timeout=90, interval=1):
+    """
+    Wait until the master at ``host`` no longer accepts connections on the set's publish and
+    return ports: what ``multimaster.orch.remove_master`` runs after a removed cluster master's
+    control minion scheduled its stop (``multimaster.stop_master after_return=True``). Changes
+    nothing. (This master's own section may still list it: the orchestration rewrites the
+    remaining masters' sections after the stop.)
+
+    host
+        The removed master's address (in mode cluster its id).
+
+    timeout
+        Seconds to wait in all.
+
+    interval
+        Seconds between polls.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.wait_master_stopped 10.0.3.64
+    """
+    try:
+        section = _section()
+        if not isinstance(host, str) or not host or any(c.isspace() for c in host):
+            raise Refused(f"host={host!r}: expected the address or host name of a master")
+    except SaltInvocationError as exc:
+        return _refused(exc)
+    ports = {name: section["ports"][name] for name in ("publish", "ret")}
+    start = time.monotonic()
+    while True:
+        listening = [f"{host}:{p}" for p in ports.values() if multimaster_daemon.port_open(host, p)]
+        waited = round(time.monotonic() - start, 1)
+        if not listening:
+            return _finish({"comment": f"{host} no longer listens", "waited": waited}, False)
+        if waited > float(timeout):
+            return _finish(
+                {"comment": f"still listening on {', '.join(listening)} after {timeout}s"}, True
+            )
         time.sleep(float(interval))
 
 
@@ -2120,6 +2164,155 @@ def share_peer_keys(masters=None, test=False, timeout=60):
     if test:
         ret["test"] = True
     return _finish(ret, bool(not_here) or not all(r["result"] for r in report.values()))
+
+
+def _cluster_section(masters):
+    """
+    ``(section, targets)`` in mode cluster: the pillar section and the master ids ``masters``
+    names (default all); refuses any other mode and an id not in the pillar.
+    """
+    section = _section()
+    if section["mode"] != "cluster":
+        raise Refused(f"mode is {section['mode']!r}: this exists in mode cluster only")
+    targets = _id_list(masters, "masters") or _ids(section)
+    unknown = sorted(set(targets) - set(_ids(section)))
+    if unknown:
+        raise Refused(f"masters={unknown}: not in multimaster:masters {_ids(section)}")
+    return section, targets
+
+
+def _aes_info_check(answer):
+    held = answer["held"]
+    if held is not None and not (
+        isinstance(held.get("stamp"), (int, float)) and isinstance(held.get("digest"), str)
+    ):
+        raise ValueError("held is not a stamp and a digest")
+    return answer
+
+
+def _share_aes_one(section, master, answer, key, own, test, timeout):
+    """
+    Give ``master`` this master's cluster AES key (``key``, described by ``own``) unless it
+    holds it or a newer one; with ``test`` only report.
+    """
+    held = answer["held"]
+    if held and held["digest"] == own["digest"]:
+        return {"result": True, "current": True}
+    if held and multimaster_cluster.newer(held, own):
+        # That master rotated later: its own reaction hands its key on.
+        return {"result": True, "current": False, "newer_there": True}
+    if test:
+        return {"result": True, "current": False, "would_install": True}
+    entry = _by_id(section)[master]
+    problem = _recipient_problem(entry, {}, planning=True)
+    if problem:
+        return {"result": False, "error": problem}
+    try:
+        envelope = multimaster_seal.seal(
+            {"key": key, "stamp": own["stamp"]},
+            "cluster_aes",
+            entry["minion_id"],
+            _primary_key_entry(entry["minion_id"])[1],
+            _signer_key(),
+            _bound(_binding(answer, master), sender=__opts__["id"]),
+        )
+    except ValueError as exc:
+        return {"result": False, "error": str(exc)}
+    answers, errors = _call(
+        section, [master], "install_cluster_aes", {"envelope": envelope}, timeout
+    )
+    if master in errors:
+        return {"result": False, "error": errors[master]}
+    done = answers[master]
+    return {
+        "result": bool(not done.get("installed") or done.get("reloaded")),
+        "current": False,
+        "installed": bool(done.get("installed")),
+        "reloaded": bool(done.get("reloaded")),
+    }
+
+
+def share_cluster_aes(masters=None, test=False, timeout=60):
+    """
+    Mode cluster with an isolated filesystem: give every other master (or ``masters``) this
+    master's cluster AES key (``cluster_pki_dir/.aes``) when it is newer than theirs, and make
+    each running salt-master re-read it (no restart). Salt 3008.3 makes a new key on one master
+    (a ``salt-key -d``/``-r`` there, or every ``publish_session`` seconds) and tells its peers
+    only to re-read their own file: without this, a minion that signed in to one master cannot
+    read what another publishes. Newer means the later rotation (ties: the greater digest), so
+    masters that rotate at once converge on one key. The cluster AES key reactor runs this on
+    the master that rotated (``cluster_aes_rotated``).
+
+    The key goes sealed to each control minion's key, signed with the cluster key and bound to
+    a challenge that control minion issued; it is never returned or logged, only its digest's
+    agreement is reported.
+
+    masters
+        Master ids (a list or comma-separated); default all (this one is skipped).
+
+    test
+        Report which masters hold another key, change nothing.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.share_cluster_aes
+        salt-run multimaster.share_cluster_aes test=True
+    """
+    try:
+        section, targets = _cluster_section(masters)
+        key, own = multimaster_cluster.read_aes(__opts__)
+        if key is None:
+            raise Refused(
+                f"no cluster AES key at {multimaster_cluster.aes_path(__opts__)}: this "
+                "salt-master has not started as a cluster master yet"
+            )
+    except SaltInvocationError as exc:
+        return _refused(exc)
+    peers = [m for m in targets if m != _this_master(section)]
+    answers, errors = _call(section, peers, "cluster_aes_info", {}, timeout, _aes_info_check)
+    report = {m: {"result": False, "error": errors[m]} for m in peers if m in errors}
+    for master in peers:
+        if master in answers:
+            report[master] = _share_aes_one(
+                section, master, answers[master], key, own, test, timeout
+            )
+    del key
+    ret = {"masters": report}
+    if test:
+        ret["test"] = True
+    return _finish(ret, not all(r["result"] for r in report.values()))
+
+
+# A rotation of this master's key is shared once: repeats of its event (Salt's own, or any a
+# minion fires under its tag) within this many seconds cost one read of the key file.
+AES_REPEAT_WINDOW = 60
+
+
+def cluster_aes_rotated(timeout=60):
+    """
+    What the cluster AES key reactor (``multimaster/reactor/cluster_aes.sls``) runs when this
+    master made a new cluster AES key (Salt's ``rotate_cluster_aes_key`` event): hand it to the
+    peers (``share_cluster_aes``). Any minion can fire that tag, so the event is only a hint:
+    what is shared is the key this master holds, once per key within ``AES_REPEAT_WINDOW``
+    seconds, and a peer installs it only when it is newer than its own.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.cluster_aes_rotated
+    """
+    own = multimaster_cluster.held_aes(__opts__) if __opts__.get("cluster_id") else None
+    if own is None:
+        return _finish({"comment": "this master holds no cluster AES key; nothing shared"}, False)
+    with multimaster_reactor.claimed(
+        __opts__, "cluster_aes", "cluster", own["digest"], AES_REPEAT_WINDOW
+    ) as claim:
+        if not claim:
+            return _finish({"comment": "this key was shared moments ago; nothing to do"}, False)
+        return share_cluster_aes(timeout=timeout)
 
 
 # Salt 3008.3's Raft leader appends nothing when elected and commits only entries of its own

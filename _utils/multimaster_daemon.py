@@ -338,12 +338,13 @@ MASTER_RETURN_GRACE = 3.0
 
 
 def schedule_restart(
-    pidfile, service, daemon, config_dir, wait_pid=None, delay=0.0, wait_timeout=600
+    pidfile, service, daemon, config_dir, wait_pid=None, delay=0.0, wait_timeout=600, stop=False
 ):
     """
     Restart the ``daemon`` of ``config_dir`` recorded in ``pidfile`` from a detached watcher once
     ``wait_pid`` has ended (or ``wait_timeout`` seconds passed), ``delay`` seconds later (for a
     salt-master at least ``MASTER_RETURN_GRACE``, so that the job's return reaches its bus).
+    ``stop``: stop it and start nothing (a minion whose only master this is can still return).
 
     Returns a dict describing what was scheduled; ``{"scheduled": False, "reason": ...}`` when
     no verified daemon runs (image builds, ``salt-call --local`` on a host without the service).
@@ -371,9 +372,13 @@ def schedule_restart(
         "delay": delay,
         "service": unit,
         "command": command,
+        "stop": stop,
     }
     _spawn([sys.executable, os.path.abspath(__file__), json.dumps(spec)])
-    how = f"systemctl restart {unit}" if unit else " ".join(command)
+    if stop:
+        how = f"systemctl stop {unit}" if unit else f"stop pid {proc.pid}"
+    else:
+        how = f"systemctl restart {unit}" if unit else " ".join(command)
     return {"scheduled": True, "pid": proc.pid, "how": how}
 
 
@@ -463,14 +468,16 @@ def main(argv):
         wait_for(lambda: not _pid_alive(spec["wait_pid"]), spec["wait_timeout"])
     time.sleep(spec["delay"])
     if spec["service"]:
-        return subprocess.call(["systemctl", "restart", spec["service"]])
+        action = "stop" if spec.get("stop") else "restart"
+        return subprocess.call(["systemctl", action, spec["service"]])
     proc = _same_process(spec["pid"], spec["create_time"])
     if proc is None:
         # The daemon is gone already; a pidfile still naming its pid is stale.
         _clear_stale_pidfiles(spec["pidfile"], spec["pid"])
     elif not _stop(proc, spec["pidfile"], spec["stop_timeout"]):
         return 1
-    _spawn(spec["command"])
+    if not spec.get("stop"):
+        _spawn(spec["command"])
     return 0
 
 

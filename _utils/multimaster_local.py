@@ -104,7 +104,7 @@ def _configs(merged, local_master):
     the pillar asks for them, ``cluster`` and ``job_cache``.
     """
     configs = {
-        "minion": multimaster_settings.minion_config(merged),
+        "minion": multimaster_settings.minion_config(merged, local_master),
         "master": local_master
         and multimaster_settings.master_config(
             merged, local_master, _own_master_options(merged, local_master)
@@ -146,5 +146,7 @@ def settings(salt_funcs, opts, grains, context, formula_defaults=None):
             else []
         ),
     }
+    # The master.d reactors call the formula's runners: the master state syncs them first.
+    merged["shares_cluster_aes"] = multimaster_settings.shares_cluster_aes(merged)
     merged["config"] = _configs(merged, local_master)
     return merged

@@ -109,6 +109,8 @@ REACTORS = {
     "keys": ("salt/key", "salt://multimaster/reactor/keys.sls"),
     "first_highstate": ("salt/minion/*/start", "salt://multimaster/reactor/first_highstate.sls"),
 }
+# Mode cluster with an isolated filesystem: hand a master's new cluster AES key to its peers.
+CLUSTER_AES_REACTOR = ("rotate_cluster_aes_key", "salt://multimaster/reactor/cluster_aes.sls")
 
 
 def _check_roots(roots, where):
@@ -695,14 +697,28 @@ def job_cache_config(settings):
     return multimaster_jobcache.master_options(job_cache)
 
 
-def reactor_config(reactor):
+def shares_cluster_aes(settings):
     """
-    The master's ``reactor`` list for the switches that are on (empty when none is).
+    Does the set need the cluster AES key reactor (mode cluster, isolated filesystem)? No shared
+    ``cluster_pki_dir`` carries a master's new key to its peers there.
+    """
+    return settings["mode"] == "cluster" and bool(settings["cluster"]["isolated_filesystem"])
 
-    reactor
-        The ``multimaster:reactor`` settings (``{"keys": bool, "first_highstate": bool}``).
+
+def reactor_config(settings):
     """
-    return [{tag: [sls]} for key, (tag, sls) in REACTORS.items() if reactor.get(key)]
+    The master's ``reactor`` list: the switches of ``multimaster:reactor`` that are on, and the
+    cluster AES key reactor where ``shares_cluster_aes`` (empty when none is).
+
+    settings
+        The merged ``multimaster`` settings.
+    """
+    reactor = settings["reactor"]
+    reactors = [{tag: [sls]} for key, (tag, sls) in REACTORS.items() if reactor.get(key)]
+    if shares_cluster_aes(settings):
+        tag, sls = CLUSTER_AES_REACTOR
+        reactors.append({tag: [sls]})
+    return reactors
 
 
 def master_config(settings, master, own=None):
@@ -746,7 +762,7 @@ def master_config(settings, master, own=None):
     if settings["sse"]["enabled"]:
         config["sseapi_cluster_id"] = settings["sse"]["cluster_id"]
         config["sseapi_failover_master"] = settings["mode"] == "failover"
-    reactors = reactor_config(settings["reactor"])
+    reactors = reactor_config(settings)
     if reactors:
         # Salt merges list options across master.d files: a shop's own reactors stay.
         config["reactor"] = reactors
@@ -772,16 +788,23 @@ def _interface(settings, master):
     return master.get("interface") or settings["master"].get("interface")
 
 
-def minion_config(settings):
+def minion_config(settings, local_master=None):
     """
     The ``minion.d`` options that make a minion hot, failover or cluster-balanced.
 
     settings
         The merged ``multimaster`` settings.
+
+    local_master
+        The master entry this minion controls, if any. In mode cluster a control minion talks
+        to its own master, not the balancer: the runners address a master through its control
+        minion, and its master alone holds its session key.
     """
     mode = settings["mode"]
     minion = settings["minion"]
-    if mode == "cluster":
+    if mode == "cluster" and local_master:
+        hosts = [cluster_address(local_master)]
+    elif mode == "cluster":
         hosts = [settings["cluster"]["balancer"]]
     else:
         hosts = [master["host"] for master in settings["masters"]]

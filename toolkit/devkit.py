@@ -335,7 +335,9 @@ def multimaster_master_options(section, reactor=None, backends=("roots",)):
         "fileserver_backend": fileserver_backends(list(backends)),
     }
     if reactor:
-        options["reactor"] = reactor_config(reactor)
+        cluster = {"isolated_filesystem": True, **(section.get("cluster") or {})}
+        settings = {"mode": section.get("mode", "hot"), "reactor": reactor, "cluster": cluster}
+        options["reactor"] = reactor_config(settings)
     return options
 
 

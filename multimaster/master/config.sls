@@ -44,7 +44,7 @@ multimaster-master-config-job-cache-schema-present:
 {%-     endif %}
 {%-   endif %}
 
-{%-   if mapdata.reactor.keys or mapdata.reactor.first_highstate %}
+{%-   if mapdata.reactor.keys or mapdata.reactor.first_highstate or mapdata.shares_cluster_aes %}
 
 {#- The reactors call the formula's runners: in place before the restart below. #}
 multimaster-master-config-runners-synced:

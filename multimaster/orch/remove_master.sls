@@ -88,6 +88,8 @@ multimaster-orch-remove-master-peer-checked:
     - require:
       - salt: multimaster-orch-remove-master-pillar-refreshed
 
+{#- A cluster master's control minion talks to that master only: it could not return after
+    stopping it, so the stop comes once its job has returned, and a runner confirms it. #}
 multimaster-orch-remove-master-stopped:
   salt.function:
     - name: multimaster.stop_master
@@ -95,9 +97,18 @@ multimaster-orch-remove-master-stopped:
     - tgt_type: list
     - kwarg:
         config_dir: {{ pillar.get("multimaster_remove_config_dir") | json }}
+        after_return: true
     - failhard: true
     - require:
       - salt: multimaster-orch-remove-master-peer-checked
+
+multimaster-orch-remove-master-stop-confirmed:
+  salt.runner:
+    - name: multimaster.wait_master_stopped
+    - host: {{ gone | json }}
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-remove-master-stopped
 
 multimaster-orch-remove-master-peer-forgotten:
   salt.function:
@@ -109,7 +120,7 @@ multimaster-orch-remove-master-peer-forgotten:
         rotate_secret: {{ pillar.get("multimaster_rotate_secret", false) | json }}
     - failhard: true
     - require:
-      - salt: multimaster-orch-remove-master-stopped
+      - salt: multimaster-orch-remove-master-stop-confirmed
 
 {#- Each master restarts once its control minion's job has returned, one at a time, each
     settled before the next: masters of a cluster that start together race their joins (a

@@ -579,6 +579,15 @@ def test_remove_master_restarts_the_cluster_masters_one_at_a_time(rendered):
         settled = earlier.replace("-configured-", "-settled-")
         _, kwargs = args(high[later])
         assert {"salt": settled} in kwargs["require"], (later, kwargs["require"])
+    # Its control minion talks to the removed master only: the stop waits for its return, and
+    # the peers forget it only once a runner saw it stop listening.
+    _, stop = args(high["multimaster-orch-remove-master-stopped"])
+    assert stop["kwarg"]["after_return"] is True
+    _, confirmed = args(high["multimaster-orch-remove-master-stop-confirmed"])
+    assert confirmed["name"] == "multimaster.wait_master_stopped"
+    assert confirmed["host"] == "127.0.0.4"
+    _, forgotten = args(high["multimaster-orch-remove-master-peer-forgotten"])
+    assert {"salt": "multimaster-orch-remove-master-stop-confirmed"} in forgotten["require"]
 
 
 def test_add_master_refuses_a_crafted_id_by_name(rendered):

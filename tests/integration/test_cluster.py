@@ -57,6 +57,12 @@ def apply_local(factory, sls):
     return harness.assert_states_ok(ret)
 
 
+def cluster_aes(mopts):
+    """The cluster AES key a master holds (``cluster_pki_dir/.aes``), or None."""
+    path = pathlib.Path(mopts["cluster_pki_dir"]) / ".aes"
+    return path.read_bytes() if path.exists() else None
+
+
 def members(master):
     ret = master.salt_run_cli(timeout=60).run("cluster.members")
     return ret.data if ret.returncode == 0 and isinstance(ret.data, dict) else {}
@@ -169,7 +175,6 @@ def cluster_set(salt_factories, tmp_path_factory):
             **harness.minion_overrides(host, PORTS),
         }
 
-    behind = direct(BALANCER)
     with contextlib.ExitStack() as stack:
         started = time.monotonic()
         cms = []
@@ -221,7 +226,7 @@ def cluster_set(salt_factories, tmp_path_factory):
             "section": section,
             "pillar_dir": pillar_dir,
             "local": local,
-            "behind": behind,
+            "direct": direct,
             "lb": lb,
             "lb_dir": lb_dir,
             "stack": stack,
@@ -359,16 +364,15 @@ def test_the_secret_is_only_in_the_masters_0600_files(cluster_set):
     assert not secret_leaks(cluster_set, SECRET, cluster_set["masters"])
 
 
-def joiner_control_minion(cluster_set):
+def joiner_control_minion(cluster_set, joiner):
     """
-    The joining master's control minion: a running minion behind the balancer (its key accepted
-    on the founding peers; the joiner gets it from Salt's join state sync) so that the runners
-    reach it, whose ``salt-call --local`` applies the formula as on a bare host. Made from a
-    running master's factory, which is what confirms that a minion started.
+    The joining master's control minion, connected to the joiner as ``multimaster.minion``
+    connects a control minion (never through the balancer), its key accepted on the founding
+    peers (the joiner gets it from Salt's join state sync); its ``salt-call --local`` applies
+    the formula as on a bare host before the joiner first starts. Made from the joiner's
+    factory, whose event bus confirms that it started.
     """
-    cm = cluster_set["masters"][0].salt_minion_daemon(
-        control_minion_id(3), overrides=cluster_set["behind"]
-    )
+    cm = joiner.salt_minion_daemon(control_minion_id(3), overrides=cluster_set["direct"](JOINER))
     pub = harness.give_keypair(cm)
     for opts in cluster_set["mopts"]:
         multimaster_keystore.write(opts, [(cm.id, "accepted", pub)])
@@ -411,11 +415,8 @@ def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minio
     )
     devkit.write_config(cluster_set["pillar_dir"] / "multimaster.sls", {"multimaster": section})
     sync_pillar(cluster_set["pillar_dir"], section)
-    cm = joiner_control_minion(cluster_set)
+    cm = joiner_control_minion(cluster_set, factory)
     apply_local(cm, "multimaster.cluster")
-    stack.callback(kill_daemons_of, cm.config_dir)
-    stack.callback(cm.terminate)
-    cm.start(start_timeout=START_TIMEOUT)
     stack.callback(kill_daemons_of, factory.config_dir)
     stack.callback(factory.terminate)
     started = time.monotonic()
@@ -430,6 +431,9 @@ def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minio
         f"{JOINER} to join the cluster",
     )
     join_time = time.monotonic() - started
+    stack.callback(kill_daemons_of, cm.config_dir)
+    stack.callback(cm.terminate)
+    cm.start(start_timeout=START_TIMEOUT)
     print(f"\n{JOINER} joined in {join_time:.1f} s: {joined}")
     # Joined means the same cluster state as the peers: the AES key and the minion keys.
     joiner = multimaster_keystore.master_opts(factory.config_dir)
@@ -563,12 +567,21 @@ def test_salt_key_changes_on_one_peer_reach_every_peer(cluster_set):
     for _, opts in live:
         multimaster_keystore.write(opts, [(target, "accepted", pub)])
 
+    aes_before = {cluster_aes(o) for _, o in live}
     took = salt_key_reaches_every_peer(
         masters[1], live, target, "rejected", "-r", "--include-accepted"
     )
     print(f"\nreject on {masters[1].id} reached every peer in {took:.1f} s")
-    # Salt rotates the AES key on the master that rejected (only there, with an isolated
-    # filesystem): jobs from every master must still reach every minion.
+    # Salt makes a new cluster AES key on the master that rejected, and only there with an
+    # isolated filesystem; the formula's reactor hands it to every peer.
+    started = time.monotonic()
+    harness.wait_for(
+        lambda: len(keys := {cluster_aes(o) for _, o in live}) == 1 and not keys <= aes_before,
+        150,
+        1,
+        "one new cluster AES key on every master",
+    )
+    print(f"the new cluster AES key was on every master {time.monotonic() - started:.1f} s later")
     for master in masters:
         wait_for_answers(
             cluster_set, master, f"every minion to answer {master.id} after the reject"

@@ -75,6 +75,21 @@ def test_minions_build_without_the_secret(defaults):
     assert ms.minion_config(settings)["master"] == ["10.0.3.10"]
 
 
+def test_a_control_minion_talks_to_its_own_master_not_the_balancer(defaults):
+    settings = cluster(defaults)
+    assert ms.minion_config(settings, settings["masters"][2])["master"] == [HOSTS[2]]
+
+
+def test_an_isolated_cluster_reacts_to_a_new_cluster_aes_key_and_a_shared_one_does_not(defaults):
+    aes = {"rotate_cluster_aes_key": ["salt://multimaster/reactor/cluster_aes.sls"]}
+    isolated = cluster(defaults)
+    assert aes in ms.master_config(isolated, isolated["masters"][0])["reactor"]
+    shared = cluster(defaults, cluster={"isolated_filesystem": False, "pki_dir": "/gluster/pki"})
+    assert "reactor" not in ms.master_config(shared, shared["masters"][0])
+    hot = ms.build({"mode": "hot", "masters": [{"id": "m1", "host": "m1"}]}, defaults)
+    assert ms.reactor_config(hot) == []
+
+
 def test_the_secret_is_masked_in_returns(defaults):
     settings = cluster(defaults)
     settings["config"] = {"cluster": ms.cluster_config(settings, settings["masters"][0], "/p/m")}

@@ -555,3 +555,20 @@ def test_a_lookalike_of_another_user_is_not_pending(tmp_path, monkeypatch):
     assert multimaster_daemon.restart_pending(pidfile) is False
     procs.append(_Lookalike(pidfile, os.geteuid()))
     assert multimaster_daemon.restart_pending(pidfile) is True
+
+
+def test_a_scheduled_stop_waits_for_the_job_stops_and_starts_nothing(
+    master, conf, spawn, tmp_path, monkeypatch
+):
+    proc, pidfile = master("-c", conf)
+    job = spawn("-c", "import time; time.sleep(1)")
+    out = tmp_path / "cwd"
+    spec = _watcher_spec(monkeypatch, pidfile, conf, out, wait_pid=job.pid, stop=True)
+    assert spec["stop"] is True
+    started = time.monotonic()
+    assert multimaster_daemon.main([json.dumps(spec)]) == 0
+    assert time.monotonic() - started >= 1, "did not wait for the job"
+    assert proc.wait(timeout=5) == -signal.SIGTERM
+    assert not os.path.exists(pidfile)
+    time.sleep(0.5)
+    assert not out.exists(), "a stop started the daemon again"

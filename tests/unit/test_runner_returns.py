@@ -1334,3 +1334,20 @@ def test_wait_minions_with_no_accepted_minion_matching_is_refused_and_publishes_
     ret = runner.wait_minions(tgt="master3")
     assert ret["retcode"] == 1
     assert "'master3'" in ret["comment"] and "salt-key -a" in ret["comment"], ret
+
+
+@pytest.mark.parametrize("host", [None, "", "10.0.0.9 10.0.0.8", ["10.0.0.9"]])
+def test_wait_master_stopped_refuses_what_is_not_an_address(runner, monkeypatch, host):
+    monkeypatch.setattr(
+        runner.multimaster_daemon, "port_open", lambda *a: pytest.fail("nothing may be probed")
+    )
+    ret = runner.wait_master_stopped(host)
+    assert ret["retcode"] == 1
+    assert f"host={host!r}: expected the address" in ret["comment"], ret
+
+
+def test_wait_master_stopped_waits_until_both_ports_are_closed(runner, monkeypatch):
+    probes = iter([True, True, False, True, False, False])
+    monkeypatch.setattr(runner.multimaster_daemon, "port_open", lambda *a: next(probes))
+    ret = runner.wait_master_stopped("10.9.9.9", timeout=30, interval=0)
+    assert ret["retcode"] == 0 and ret["comment"] == "10.9.9.9 no longer listens", ret
