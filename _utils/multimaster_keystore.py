@@ -769,9 +769,26 @@ def _move_all(pki, changes, staged):
     return skipped
 
 
+def _torn_ids(mopts, cache, changes):
+    """
+    The ids of ``changes`` whose ``keys`` record ``mmap_key`` holds but does not list: a write
+    killed between the record and its index (seen after ``kill -9``). ``store`` would update
+    the record in place and leave it unlisted, so ``salt-key -L`` and every inventory miss it.
+    """
+    if mopts.get(multimaster_saltcompat.KEY_CACHE_OPTION) != "mmap_key":
+        return set()
+    listed = set(cache.list("keys"))
+    return {
+        minion_id
+        for minion_id, state, _ in changes
+        if state and minion_id not in listed and cache.fetch("keys", minion_id) is not None
+    }
+
+
 def _write_cache(mopts, changes):
     cache = _cache(mopts)
     skipped = {}
+    torn = _torn_ids(mopts, cache, changes)
     for index, (minion_id, state, pem) in enumerate(changes):
         reason = _blocked_cache(cache, minion_id, state, pem)
         if reason:
@@ -779,6 +796,8 @@ def _write_cache(mopts, changes):
         elif state == "denied":
             cache.store("denied_keys", minion_id, [pem])
         elif state:
+            if minion_id in torn:
+                cache.flush("keys", minion_id)
             cache.store("keys", minion_id, {"state": state, "pub": pem})
         else:
             cache.flush("keys", minion_id)

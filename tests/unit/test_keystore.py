@@ -488,3 +488,41 @@ def test_a_record_that_is_not_one_holds_nothing(mopts, content):
     put(mopts, "minions", "web2")
     note_all(mopts, now=100)
     assert ks.held_before(mopts, "web2", now=100) == FP
+
+
+class TornIndexCache:
+    """
+    What Salt 3008's ``mmap_key`` showed after a ``kill -9`` mid-write: the record is there for
+    ``fetch`` but missing from ``list``, and ``store`` updates a present record in place.
+    """
+
+    def __init__(self, torn):
+        self.records, self.listed = dict(torn), set()
+
+    def list(self, bank):
+        return sorted(self.listed) if bank == "keys" else []
+
+    def list_all(self, bank, include_data=False):
+        return {k: self.records[k] for k in self.listed} if bank == "keys" else {}
+
+    def fetch(self, bank, key):
+        return self.records.get(key) if bank == "keys" else None
+
+    def store(self, bank, key, data):
+        if key not in self.records:
+            self.listed.add(key)
+        self.records[key] = data
+
+    def flush(self, bank, key=None):
+        self.records.pop(key, None)
+        self.listed.discard(key)
+
+
+def test_a_record_an_interrupted_mmap_write_left_unlisted_is_listed_again(mopts, monkeypatch):
+    torn = TornIndexCache({"web1": {"state": "accepted", "pub": PEM}})
+    monkeypatch.setattr(ks, "_cache", lambda _: torn)
+    monkeypatch.setattr(ks, "_localfs", lambda _: False)
+    mopts["keys.cache_driver"] = "mmap_key"
+    assert ks.inventory(mopts)[0] == {}
+    ks.write(mopts, [("web1", "accepted", PEM)])
+    assert list(ks.inventory(mopts)[0]) == ["web1"]
