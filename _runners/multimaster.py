@@ -2143,13 +2143,7 @@ def share_peer_keys(masters=None, test=False, timeout=60):
         salt-run multimaster.share_peer_keys masters=10.0.3.64 test=True
     """
     try:
-        section = _section()
-        if section["mode"] != "cluster":
-            raise Refused(f"mode is {section['mode']!r}: peer keys exist in mode cluster only")
-        targets = _id_list(masters, "masters") or _ids(section)
-        unknown = sorted(set(targets) - set(_ids(section)))
-        if unknown:
-            raise Refused(f"masters={unknown}: not in multimaster:masters {_ids(section)}")
+        section, targets = _cluster_section(masters, "peer keys exist")
     except SaltInvocationError as exc:
         return _refused(exc)
     keys, not_here = _own_peer_keys(section)
@@ -2166,14 +2160,15 @@ def share_peer_keys(masters=None, test=False, timeout=60):
     return _finish(ret, bool(not_here) or not all(r["result"] for r in report.values()))
 
 
-def _cluster_section(masters):
+def _cluster_section(masters, what="this exists"):
     """
     ``(section, targets)`` in mode cluster: the pillar section and the master ids ``masters``
-    names (default all); refuses any other mode and an id not in the pillar.
+    names (default all); refuses any other mode (saying ``what`` exists in mode cluster only)
+    and an id not in the pillar.
     """
     section = _section()
     if section["mode"] != "cluster":
-        raise Refused(f"mode is {section['mode']!r}: this exists in mode cluster only")
+        raise Refused(f"mode is {section['mode']!r}: {what} in mode cluster only")
     targets = _id_list(masters, "masters") or _ids(section)
     unknown = sorted(set(targets) - set(_ids(section)))
     if unknown:
@@ -2261,7 +2256,7 @@ def share_cluster_aes(masters=None, test=False, timeout=60):
         salt-run multimaster.share_cluster_aes test=True
     """
     try:
-        section, targets = _cluster_section(masters)
+        section, targets = _cluster_section(masters, "the cluster AES key exists")
         key, own = multimaster_cluster.read_aes(__opts__)
         if key is None:
             raise Refused(

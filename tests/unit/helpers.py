@@ -73,3 +73,30 @@ def master_opts(tmp_path, **extra):
     for name in ("pki", "cache", "sock"):
         (tmp_path / name).mkdir(exist_ok=True)
     return opts
+
+
+def cluster_section(addresses):
+    """
+    A mode-cluster pillar section of masters at ``addresses`` (id = address, control minions
+    ``cm1``…), behind the balancer 10.0.0.10.
+    """
+    return {
+        "mode": "cluster",
+        "ports": {"publish": 4505, "ret": 4506},
+        "masters": [
+            {"id": a, "host": a, "config_dir": f"/srv/{a}", "minion_id": f"cm{i + 1}"}
+            for i, a in enumerate(addresses)
+        ],
+        "cluster": {"balancer": "10.0.0.10", "id": "prod"},
+    }
+
+
+# A hot pair, m1 (the primary) and m2, with control minions cm1 and cm2.
+HOT_PAIR = {
+    "mode": "hot",
+    "ports": {"publish": 4505, "ret": 4506},
+    "masters": [
+        {"id": "m1", "host": "10.0.0.1", "minion_id": "cm1", "config_dir": "/etc/salt"},
+        {"id": "m2", "host": "10.0.0.2", "minion_id": "cm2", "config_dir": "/etc/salt"},
+    ],
+}

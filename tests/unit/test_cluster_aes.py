@@ -14,21 +14,13 @@ import stat
 import multimaster_cluster as mc
 import pytest
 
-from .helpers import load_module
+from .helpers import cluster_section, load_module
 from .keyfactory import priv_pem, pub_pem, rsa_private
 
 CLUSTER_KEY = rsa_private(tag=1)
 CONTROL_KEY = rsa_private(tag=5)
 ADDRESSES = ("10.0.0.1", "10.0.0.2")
-SECTION = {
-    "mode": "cluster",
-    "ports": {"publish": 4505, "ret": 4506},
-    "masters": [
-        {"id": a, "host": a, "config_dir": f"/srv/{a}", "minion_id": f"cm{i + 1}"}
-        for i, a in enumerate(ADDRESSES)
-    ],
-    "cluster": {"balancer": "10.0.0.10", "id": "prod"},
-}
+SECTION = cluster_section(ADDRESSES)
 
 
 def new_key():

@@ -12,22 +12,14 @@ import stat
 
 import pytest
 
-from .helpers import load_module
+from .helpers import cluster_section, load_module
 from .keyfactory import priv_pem, pub_pem, rsa_private
 
 ADDRESSES = ("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4")
 OWN = ADDRESSES[3]
 CLUSTER_KEY = rsa_private(tag=1)
 PEER_KEYS = {a: pub_pem(rsa_private(tag=10 + i)) for i, a in enumerate(ADDRESSES)}
-SECTION = {
-    "mode": "cluster",
-    "ports": {"publish": 4505, "ret": 4506},
-    "masters": [
-        {"id": a, "host": a, "config_dir": f"/srv/{a}", "minion_id": f"cm{i + 1}"}
-        for i, a in enumerate(ADDRESSES)
-    ],
-    "cluster": {"balancer": "10.0.0.10", "id": "prod"},
-}
+SECTION = cluster_section(ADDRESSES)
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,9 @@ master's store, which the key reactor on that master checks a delete event again
 
 import pytest
 
+from .helpers import HOT_PAIR as SECTION
 from .helpers import load_module
 from .keyfactory import pub_pem, rsa_private
-from .test_roots_sync import SECTION
 
 PEM = pub_pem(rsa_private(tag=5))
 

@@ -12,21 +12,14 @@ import stat
 
 import pytest
 
-from .helpers import load_module
+from .helpers import HOT_PAIR, load_module
 from .keyfactory import priv_pem, pub_pem, rsa_private
 
 import multimaster_transport  # noqa: E402  isort: skip
 
 PRIMARY_KEY = rsa_private(tag=20)
 CONTROL_KEYS = {"cm1": rsa_private(tag=21), "cm2": rsa_private(tag=22)}
-SECTION = {
-    "mode": "hot",
-    "ports": {"publish": 4505, "ret": 4506},
-    "masters": [
-        {"id": "m1", "host": "10.0.0.1", "minion_id": "cm1", "config_dir": "/etc/salt"},
-        {"id": "m2", "host": "10.0.0.2", "minion_id": "cm2", "config_dir": "/etc/salt"},
-    ],
-}
+SECTION = HOT_PAIR
 
 
 def mode_of(path):

@@ -331,6 +331,20 @@ def test_transfers_are_refused_in_mode_cluster_before_any_publish(
     assert client.calls == []
 
 
+@pytest.mark.parametrize(
+    "fun, says",
+    [("share_peer_keys", "peer keys exist"), ("share_cluster_aes", "the cluster AES key exists")],
+)
+def test_cluster_key_sharing_is_refused_outside_mode_cluster_before_any_publish(
+    runner, use, fun, says
+):
+    client = use({"cm1": GOOD_DIGESTS, "cm2": GOOD_DIGESTS})
+    ret = getattr(runner, fun)()
+    assert ret["retcode"] == 1, ret
+    assert f"mode is 'hot': {says} in mode cluster only" in ret["comment"], ret
+    assert client.calls == []
+
+
 # A fresh peer named first, the real primary second: taken as given, the fresh peer would be the
 # authority and prune would delete every key accepted on the real primary.
 FRESH_FIRST = [
