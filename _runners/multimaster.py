@@ -898,15 +898,8 @@ def _await_restarts(section):
 
 # --- reactors --------------------------------------------------------------------------------
 
-# salt/key event acts (3008: accepted/rejected; 3006/3007: accept/reject) -> operation
-_KEY_ACTS = {
-    "accept": "accept",
-    "accepted": "accept",
-    "reject": "reject",
-    "rejected": "reject",
-    "delete": "delete",
-}
-# the state the operation leaves on the master where it was made (None: no key at all)
+# The operations key_event propagates (multimaster/reactor/keys.sls maps the salt/key event's
+# act onto them), and the state each leaves on the master where it was made (None: no key).
 _LEFT_BY = {"accept": "accepted", "reject": "rejected", "delete": None}
 # concurrent reactors (every master reacting at once) may overtake each other's plan
 _RACE_ROUNDS = 3
@@ -999,8 +992,9 @@ def key_event(minion, act, timeout=60):
         The minion id of the event.
 
     act
-        The event's ``act``: ``accepted``/``accept``, ``rejected``/``reject`` or ``delete``
-        (others, such as ``pend`` and ``denied``, are not propagated).
+        ``accept``, ``reject`` or ``delete``: the reactor maps the event's act onto these
+        (``accepted``/``accept``, ``rejected``/``reject``, ``delete``; ``pend`` and ``denied``
+        are not propagated).
 
     timeout
         Seconds to wait for each control-minion call.
@@ -1009,15 +1003,15 @@ def key_event(minion, act, timeout=60):
 
     .. code-block:: bash
 
-        salt-run multimaster.key_event web1 accepted
+        salt-run multimaster.key_event web1 accept
     """
     here = __opts__["id"]
     try:
         section = _section()
         multimaster_ids.check_id(minion, "minion id")
-        op = _KEY_ACTS.get(act)
-        if op is None:
-            raise Refused(f"act {act!r}: expected one of {', '.join(sorted(_KEY_ACTS))}")
+        if act not in _LEFT_BY:
+            raise Refused(f"act {act!r}: expected one of {', '.join(sorted(_LEFT_BY))}")
+        op = act
         if _this_master(section) is None:
             raise Refused(
                 f"this master's id {here!r} is not in multimaster:masters {_ids(section)}: "

@@ -14,6 +14,7 @@
 {%-   do salt["log.error"]("multimaster: the key reactor cannot run: " ~ runners
         ~ " is missing; run salt-run saltutil.sync_all on this master, then restart it") %}
 {%- endif %}
+{#- salt/key acts (3008: accepted/rejected; 3006/3007: accept/reject) -> what key_event takes #}
 {%- set acts = {"accept": "accept", "accepted": "accept",
                 "reject": "reject", "rejected": "reject", "delete": "delete"} %}
 {%- set act = acts.get(data.get("act")) if data.get("act") is string else None %}

@@ -467,9 +467,9 @@ def store(runner, monkeypatch):
     "act, entry",
     [
         ("delete", ["accepted", "ab:cd"]),
-        ("accepted", ["pending", "ab:cd"]),
-        ("accepted", None),
-        ("rejected", ["accepted", "ab:cd"]),
+        ("accept", ["pending", "ab:cd"]),
+        ("accept", None),
+        ("reject", ["accepted", "ab:cd"]),
         ("reject", None),
     ],
     ids=[
@@ -494,7 +494,12 @@ def test_key_event_the_store_does_not_show_changes_nothing(runner, use, store, a
 
 @pytest.mark.parametrize(
     "minion, act, says",
-    [("web1", "pend", "act 'pend'"), ("-rf", "delete", "'-rf'"), ("web*", "accepted", "'web*'")],
+    [
+        ("web1", "pend", "act 'pend'"),
+        ("-rf", "delete", "'-rf'"),
+        ("web*", "accept", "'web*'"),
+        ("web1", "accepted", "act 'accepted'"),
+    ],
 )
 def test_key_event_refuses_bad_input(runner, use, store, minion, act, says):
     client = use({})
@@ -508,7 +513,7 @@ def test_key_event_on_a_master_outside_the_set_is_refused(runner, use, store, mo
     client = use({})
     store(["accepted", "ab:cd"])
     monkeypatch.setitem(runner.__opts__, "id", "stranger")
-    ret = runner.key_event("web1", "accepted")
+    ret = runner.key_event("web1", "accept")
     assert ret["retcode"] == 1 and "'stranger' is not in multimaster:masters" in ret["comment"]
     assert client.calls == []
 
@@ -520,7 +525,7 @@ def test_key_event_on_a_master_salt_named_after_its_host_acts(runner, use, store
     client = use({})
     store(["accepted", "ab:cd"])
     monkeypatch.setitem(runner.__opts__, "id", "m2_master")
-    ret = runner.key_event("web1", "accepted")
+    ret = runner.key_event("web1", "accept")
     assert "is not in multimaster:masters" not in str(ret.get("comment")), ret
     assert "multimaster_peer.key_inventory" in client.calls
 
@@ -539,7 +544,7 @@ def test_key_event_accept_propagates_the_key_this_master_holds(runner, use, stor
         }
     )
     store(["accepted", fp_here])
-    ret = runner.key_event("web1", "accepted")
+    ret = runner.key_event("web1", "accept")
     assert ret["retcode"] == 1, ret
     assert fp_other in str(ret) and fp_here in str(ret)
     assert "multimaster_peer.apply_key_actions" not in client.calls
@@ -607,11 +612,11 @@ def test_key_event_repeats_of_one_change_propagate_once(runner, store, held_befo
     change of the same id is not a repeat.
     """
     store(["accepted", FP])
-    rets = [runner.key_event("web1", "accepted") for _ in range(10)]
+    rets = [runner.key_event("web1", "accept") for _ in range(10)]
     assert [p[:3] for p in propagations] == [("accept", "web1", FP)]
     assert all(r["retcode"] == 0 and "nothing to do" in r["comment"] for r in rets[1:]), rets[1]
     store(["rejected", FP])
-    runner.key_event("web1", "rejected")
+    runner.key_event("web1", "reject")
     runner.key_event("web1", "reject")
     store(None)
     held_before(FP)
@@ -644,7 +649,7 @@ def cluster_bus(runner, monkeypatch):
 
 @pytest.mark.parametrize(
     "act, entry, replayed",
-    [("rejected", ["rejected", "ab:cd"], "reject"), ("accepted", ["accepted", "ab:cd"], "accept")],
+    [("reject", ["rejected", "ab:cd"], "reject"), ("accept", ["accepted", "ab:cd"], "accept")],
 )
 def test_key_event_in_a_cluster_replays_the_held_key_under_the_act_salt_applies(
     runner, use, store, cluster_bus, act, entry, replayed
@@ -675,7 +680,7 @@ def test_key_event_in_a_cluster_replays_the_held_key_under_the_act_salt_applies(
 
 @pytest.mark.parametrize(
     "act, entry",
-    [("delete", None), ("rejected", ["accepted", "ab:cd"]), ("accepted", None)],
+    [("delete", None), ("reject", ["accepted", "ab:cd"]), ("accept", None)],
     ids=["delete-salt-replicates-it", "reject-not-in-store", "accept-not-in-store"],
 )
 def test_key_event_in_a_cluster_fires_nothing_salt_replicates_or_the_store_does_not_show(
@@ -695,7 +700,7 @@ def test_key_event_in_a_cluster_without_a_readable_key_replays_nothing_and_fails
     use({})
     held = {"web1": ["rejected", None]}
     monkeypatch.setattr(runner.multimaster_keystore, "inventory", lambda *a, **k: (held, {}))
-    ret = runner.key_event("web1", "rejected")
+    ret = runner.key_event("web1", "reject")
     assert ret["retcode"] == 1 and "not a valid public key" in ret["comment"], ret
     assert cluster_bus == []
 
@@ -728,7 +733,7 @@ def test_key_event_in_a_cluster_retries_a_bus_that_refuses_the_replay(
     )
     use({})
     store(["rejected", "ab:cd"])
-    ret = runner.key_event("web1", "rejected")
+    ret = runner.key_event("web1", "reject")
     assert ret["retcode"] == retcode, ret
     assert fired == ([("salt/key", "reject")] if retcode == 0 else [])
     assert len(attempts) == min(refusals + 1, runner.REPLAY_ATTEMPTS)
