@@ -164,8 +164,10 @@ def minion_config(defaults=None):
 def key_file_problems(pki_dir, user):
     """
     List what is wrong with the master key files in ``pki_dir``: private keys must be regular
-    files, mode 0400, owned by ``user``; symlinks (Salt's ``master.pem`` compatibility links)
-    are followed to their target. Returns an empty list when all is well or no key exists yet.
+    files owned by ``user`` that no one else can read or write and no one can execute (0400;
+    0200, where Salt leaves a key it stopped using, reveals nothing either); public keys must
+    not be group/world-writable; symlinks (Salt's ``master.pem`` compatibility links) are
+    followed to their target. Returns an empty list when all is well or no key exists yet.
 
     CLI Example:
 
@@ -194,13 +196,20 @@ def key_file_problems(pki_dir, user):
         if real in seen:
             continue
         seen.add(real)
-        if not os.path.isfile(real):
+        try:
+            stat = os.stat(real)
+        except FileNotFoundError:
+            stat = None
+        if stat is None and not os.path.islink(path):
+            continue  # removed since the listing (Salt rewrites a key by remove, write)
+        if stat is None or not os.path.isfile(real):
             problems.append(f"{path}: not a regular file")
             continue
-        stat = os.stat(real)
         mode = stat.st_mode & 0o777
         private = name.endswith(".pem")
-        if private and mode != 0o400:
+        # What leaks is access by anyone else. Salt's flush of the master.pem link chmods its
+        # target 0200 before removing the link, and may leave it so: no one can read that.
+        if private and mode & 0o177:
             problems.append(f"{real}: mode {mode:04o}; expected 0400")
         if not private and mode & 0o022:
             problems.append(f"{real}: mode {mode:04o}; expected not group/world-writable")

@@ -248,10 +248,38 @@ def test_world_readable_private_key_is_reported(mod, pki):
 def test_symlink_is_followed_to_its_target(mod, pki, tmp_path):
     outside = tmp_path / "elsewhere.pem"
     outside.write_text("key")
-    os.chmod(outside, 0o600)
+    os.chmod(outside, 0o640)
     os.unlink(pki / "master.pem")
     os.symlink(outside, pki / "master.pem")
-    assert mod.key_file_problems(str(pki), me()) == [f"{outside}: mode 0600; expected 0400"]
+    assert mod.key_file_problems(str(pki), me()) == [f"{outside}: mode 0640; expected 0400"]
+
+
+@pytest.mark.parametrize("mode", [0o604, 0o440, 0o640, 0o500])
+def test_a_private_key_others_can_use_or_anyone_can_run_is_reported(mod, pki, mode):
+    os.chmod(pki / "master1.pem", mode)
+    assert mod.key_file_problems(str(pki), me()) == [
+        f"{pki / 'master1.pem'}: mode {mode:04o}; expected 0400"
+    ]
+
+
+def test_a_key_salt_left_at_0200_reveals_nothing_and_is_not_reported(mod, pki):
+    # Salt 3008's flush of the master.pem link: chmod 0200 (following the link), remove link.
+    os.chmod(pki / "master1.pem", 0o200)
+    os.unlink(pki / "master.pem")
+    assert mod.key_file_problems(str(pki), me()) == []
+
+
+def test_a_key_removed_since_the_listing_is_not_reported(mod, pki, monkeypatch):
+    (pki / "master_sign.pem").write_text("key")
+    listdir = os.listdir
+
+    def listed_then_removed(path):
+        names = listdir(path)
+        os.unlink(pki / "master_sign.pem")
+        return names
+
+    monkeypatch.setattr(mod.os, "listdir", listed_then_removed)
+    assert mod.key_file_problems(str(pki), me()) == []
 
 
 def test_dangling_symlink_and_directory_are_not_regular_files(mod, pki):
