@@ -48,6 +48,7 @@ multimaster-orch-add-master-new-master-configured:
     - tgt: [{{ new.minion_id | json }}]
     - tgt_type: list
     - sls: multimaster.master
+    - queue: true
     - failhard: true
     - require:
       - salt: multimaster-orch-add-master-modules-synced
@@ -57,6 +58,7 @@ multimaster-orch-add-master-primary-configured:
     - tgt: [{{ primary.minion_id | json }}]
     - tgt_type: list
     - sls: multimaster.master
+    - queue: true
     - failhard: true
     - require:
       - salt: multimaster-orch-add-master-new-master-configured
@@ -93,6 +95,7 @@ multimaster-orch-add-master-other-masters-configured:
     - tgt: {{ others | map(attribute="minion_id") | list | json }}
     - tgt_type: list
     - sls: multimaster.master
+    - queue: true
     - failhard: true
     - require:
       - salt: multimaster-orch-add-master-sync-keys
@@ -114,6 +117,7 @@ multimaster-orch-add-master-minions-configured:
     - tgt: '*'
     - sls: multimaster.minion
     - batch: {{ batch | json }}
+    - queue: true
     - failhard: true
     - require:
       - salt: multimaster-orch-add-master-masters-settled-before-minions

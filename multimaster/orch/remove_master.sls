@@ -59,6 +59,7 @@ multimaster-orch-remove-master-drained:
     - tgt: [{{ balancer_minion | json }}]
     - tgt_type: list
     - sls: multimaster.haproxy
+    - queue: true
     - failhard: true
 
 {#- Execution functions read the pillar a minion holds in memory: the new section and secret. #}
@@ -143,6 +144,7 @@ multimaster-orch-remove-master-masters-configured-{{ step }}:
     - tgt: {{ targets | json }}
     - tgt_type: list
     - sls: multimaster.master
+    - queue: true
     - failhard: true
     - require:
       - salt: {{ ns.last }}
@@ -172,6 +174,7 @@ multimaster-orch-remove-master-minions-configured:
     - tgt: '*'
     - sls: multimaster.minion
     - batch: {{ batch | json }}
+    - queue: true
     - failhard: true
 
 {#- The control minions restart after their multimaster.minion job returned; the removed
@@ -189,6 +192,7 @@ multimaster-orch-remove-master-masters-configured:
     - tgt: {{ remaining | json }}
     - tgt_type: list
     - sls: multimaster.master
+    - queue: true
     - failhard: true
     - require:
       - salt: multimaster-orch-remove-master-minions-settled

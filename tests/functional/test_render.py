@@ -592,6 +592,30 @@ def test_remove_master_restarts_the_cluster_masters_one_at_a_time(rendered):
     assert {"salt": "multimaster-orch-remove-master-stop-confirmed"} in forgotten["require"]
 
 
+@pytest.mark.parametrize(
+    "name, orch_pillar",
+    [
+        ("add_master", {"multimaster_new": "master2"}),
+        ("remove_master", {"multimaster_remove": "master3", "multimaster_stop": True}),
+    ],
+)
+def test_orchestration_states_wait_for_a_state_run_already_on_the_minion(
+    rendered, name, orch_pillar
+):
+    """
+    A minion the orchestration restarts may get the first-highstate reactor's job at its start:
+    the next ``salt.state`` step on it waits for that run instead of failing.
+    """
+    env, _ = rendered("hot")
+    high = states(render_orch(env, name, **orch_pillar))
+    steps = {sid: args(body) for sid, body in high.items() if "salt" in body}
+    applied = {sid: kwargs for sid, (fun, kwargs) in steps.items() if fun == "salt.state"}
+    assert applied, list(high)
+    assert {sid: kwargs.get("queue") for sid, kwargs in applied.items()} == dict.fromkeys(
+        applied, True
+    )
+
+
 def test_add_master_refuses_a_crafted_id_by_name(rendered):
     env, _ = rendered("hot")
     high = states(render_orch(env, "add_master", multimaster_new=CRAFTED))
