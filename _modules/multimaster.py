@@ -28,7 +28,7 @@ try:
     import multimaster_ids
     import multimaster_keystore
     import multimaster_local
-    import multimaster_roots
+    import multimaster_safefs
     import multimaster_saltcompat
     import multimaster_settings
 
@@ -538,7 +538,7 @@ def forget_cluster_peer(peer, rotate_secret=False, test=False):
             f"runs with, which {peer} knows: put a new secret in pillar to rotate it"
         )
     if held and not test:
-        multimaster_roots.delete_file(peers_dir, f"{peer}.pub")
+        multimaster_safefs.delete_file(peers_dir, f"{peer}.pub")
         log.info("multimaster: cluster peer key of %s deleted from %s", peer, peers_dir)
     return {"peer": peer, "deleted": held and not test, "held": held, "peers_dir": peers_dir}
 

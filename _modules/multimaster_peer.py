@@ -47,6 +47,7 @@ try:
     import multimaster_keys
     import multimaster_keystore
     import multimaster_roots
+    import multimaster_safefs
     import multimaster_saltcompat
     import multimaster_seal
     import multimaster_settings
@@ -574,7 +575,7 @@ def install_cluster_peer_keys(keys, order):
             else:
                 ret["conflicts"][peer] = {"held": held[peer], "offered": fp}
             continue
-        multimaster_roots.write_file(peers_dir, f"{peer}.pub", [pem.encode()], 0o644)
+        multimaster_safefs.write_file(peers_dir, f"{peer}.pub", [pem.encode()], 0o644)
         ret["written"].append(peer)
     if ret["written"]:
         log.info("multimaster: cluster peer keys added: %s", ", ".join(ret["written"]))
@@ -1034,7 +1035,7 @@ def _write_all(reader, root, pair, report):
     for entry in pair.get("write") or []:
         blocks = reader.blocks(entry["size"])
         try:
-            multimaster_roots.write_file(
+            multimaster_safefs.write_file(
                 root, entry["path"], blocks, entry["mode"], entry["sha256"], synced_dirs
             )
             report["written"] += 1
@@ -1045,7 +1046,7 @@ def _write_all(reader, root, pair, report):
         for _ in blocks:
             pass
     try:
-        multimaster_roots.sync_dirs(root, synced_dirs)
+        multimaster_safefs.sync_dirs(root, synced_dirs)
     except OSError as exc:
         report["failed"].append(_failure(root, pair, "syncing the directories written", exc))
 
@@ -1057,14 +1058,14 @@ def _set_dir_modes(root, pair, report):
     """
     for directory, mode in pair.get("dirs") or []:
         try:
-            report["dir_modes"] += multimaster_roots.set_dir_mode(root, directory, mode)
+            report["dir_modes"] += multimaster_safefs.set_dir_mode(root, directory, mode)
         except OSError as exc:
             report["failed"].append(_failure(root, pair, repr(directory), exc))
 
 
 def _clear_temps(root, pair, report):
     try:
-        multimaster_roots.clear_temps(root)
+        multimaster_safefs.clear_temps(root)
     except OSError as exc:
         report["failed"].append(_failure(root, pair, "leftover temporary files", exc))
 
@@ -1129,7 +1130,7 @@ def apply_roots(plan):
             _clear_temps(root, pair, report)
             for path in pair.get("delete") or []:
                 try:
-                    multimaster_roots.delete_file(root, path)
+                    multimaster_safefs.delete_file(root, path)
                     report["deleted"] += 1
                 except OSError as exc:
                     report["failed"].append(_failure(root, pair, repr(path), exc))
@@ -1140,7 +1141,7 @@ def apply_roots(plan):
             _set_dir_modes(root, pair, report)
             for path, mode in pair.get("mode") or []:
                 try:
-                    multimaster_roots.set_mode(root, path, mode)
+                    multimaster_safefs.set_mode(root, path, mode)
                     report["modes"] += 1
                 except OSError as exc:
                     report["failed"].append(_failure(root, pair, repr(path), exc))

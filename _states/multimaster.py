@@ -26,7 +26,7 @@ try:
     import multimaster_jobcache
     import multimaster_keys
     import multimaster_local
-    import multimaster_roots
+    import multimaster_safefs
 
     HAS_UTILS = True
 except ImportError:
@@ -350,7 +350,7 @@ def _is_current(name, data, mode, owner):
         stat.S_ISREG(st.st_mode)
         and st.st_mode & 0o777 == mode
         and (owner is None or (st.st_uid, st.st_gid) == (owner.pw_uid, owner.pw_gid))
-        and (multimaster_roots.sha256_file(name) == hashlib.sha256(data).hexdigest())
+        and (multimaster_safefs.sha256_file(name) == hashlib.sha256(data).hexdigest())
     )
 
 
@@ -360,7 +360,7 @@ def _write_owned(name, data, mode, owner):
     staged beside it, fsync'd, renamed; never through a link. Raises ``OSError``.
     """
     directory, base = os.path.split(name)
-    multimaster_roots.write_file(directory, base, [data], mode)
+    multimaster_safefs.write_file(directory, base, [data], mode)
     if owner is not None:
         os.chown(name, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
 

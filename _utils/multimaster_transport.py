@@ -30,7 +30,7 @@ import time
 from contextlib import contextmanager
 
 import multimaster_jobcache
-import multimaster_roots
+import multimaster_safefs
 import salt.loader
 import salt.utils.jid
 from cryptography.exceptions import InvalidTag
@@ -242,7 +242,7 @@ def stage_files(opts, recipient, members, key=None, ttl=TTL, fileserver=False):
 
     members
         ``[(root, path relative to it, size), ...]`` in stream order: each file is read
-        through ``multimaster_roots.open_below``, so no symlink below its root is followed.
+        through ``multimaster_safefs.open_below``, so no symlink below its root is followed.
 
     key
         32 bytes to encrypt the stream with (seal it to the recipient separately), or ``None``.
@@ -322,7 +322,7 @@ def _read_members(members, starts, offset, count):
         within = offset - starts[index]
         take = min(size - within, count)
         if take > 0:
-            with os.fdopen(multimaster_roots.open_below(root, relpath), "rb") as handle:
+            with os.fdopen(multimaster_safefs.open_below(root, relpath), "rb") as handle:
                 handle.seek(within)
                 data = handle.read(take)
             out += data.ljust(take, b"\0")

@@ -15,6 +15,7 @@ import pytest
 from .helpers import UTILS, load_module  # noqa: F401  (puts _utils on sys.path)
 
 import multimaster_roots as roots  # noqa: E402  isort: skip
+import multimaster_safefs as safefs  # noqa: E402  isort: skip
 
 
 @pytest.fixture
@@ -69,19 +70,19 @@ def test_digest_is_equal_for_equal_trees_only(tree, tmp_path):
     dst = tmp_path / "dst"
     for rel, info in files.items():
         with open(tree / rel, "rb") as handle:
-            roots.write_file(dst, rel, [handle.read()], info["mode"])
+            safefs.write_file(dst, rel, [handle.read()], info["mode"])
     copied, _ = roots.manifest(dst)
     assert roots.digest(copied) == roots.digest(files)
-    roots.set_mode(dst, "top.sls", 0o600)
+    safefs.set_mode(dst, "top.sls", 0o600)
     assert roots.digest(roots.manifest(dst)[0]) != roots.digest(files)
 
 
 def test_write_is_atomic_and_keeps_the_mode(tmp_path):
-    digest = roots.write_file(tmp_path, "a/b/c.sh", [b"#!", b"/bin/sh\n"], 0o755)
+    digest = safefs.write_file(tmp_path, "a/b/c.sh", [b"#!", b"/bin/sh\n"], 0o755)
     path = tmp_path / "a" / "b" / "c.sh"
     assert path.read_bytes() == b"#!/bin/sh\n"
     assert stat.S_IMODE(path.stat().st_mode) == 0o755
-    assert digest == roots.sha256_file(path)
+    assert digest == safefs.sha256_file(path)
     assert [n for n in os.listdir(path.parent) if n.startswith(".multimaster-tmp")] == []
 
 
@@ -92,8 +93,8 @@ def test_write_is_atomic_and_keeps_the_mode(tmp_path):
 def test_unsafe_paths_are_refused_with_nothing_written(tmp_path, relpath):
     root = tmp_path / "root"
     root.mkdir()
-    with pytest.raises(roots.RootsError):
-        roots.write_file(root, relpath, [b"x"], 0o644)
+    with pytest.raises(safefs.SafeFsError):
+        safefs.write_file(root, relpath, [b"x"], 0o644)
     assert list(root.iterdir()) == []
     assert not (tmp_path / "escape").exists()
 
@@ -103,8 +104,8 @@ def test_a_symlinked_directory_on_the_peer_is_never_written_through(tmp_path):
     root.mkdir()
     elsewhere.mkdir()
     (root / "etc").symlink_to(elsewhere)
-    with pytest.raises(roots.RootsError, match="not a plain directory"):
-        roots.write_file(root, "etc/passwd", [b"owned"], 0o644)
+    with pytest.raises(safefs.SafeFsError, match="not a plain directory"):
+        safefs.write_file(root, "etc/passwd", [b"owned"], 0o644)
     assert list(elsewhere.iterdir()) == []
 
 
@@ -113,7 +114,7 @@ def test_a_symlinked_file_on_the_peer_is_replaced_not_followed(tmp_path):
     root.mkdir()
     target.write_text("untouched\n")
     (root / "file.sls").symlink_to(target)
-    roots.write_file(root, "file.sls", [b"new\n"], 0o644)
+    safefs.write_file(root, "file.sls", [b"new\n"], 0o644)
     assert target.read_text() == "untouched\n"
     assert not (root / "file.sls").is_symlink()
     assert (root / "file.sls").read_text() == "new\n"
@@ -123,18 +124,18 @@ def test_a_symlinked_root_is_the_administrators_choice_and_followed(tmp_path):
     real, link = tmp_path / "real", tmp_path / "link"
     real.mkdir()
     link.symlink_to(real)
-    roots.write_file(link, "x", [b"x"], 0o644)
+    safefs.write_file(link, "x", [b"x"], 0o644)
     assert (real / "x").read_bytes() == b"x"
     assert sorted(roots.manifest(link)[0]) == ["x"]
 
 
 def test_delete_removes_the_file_and_empty_dirs_but_never_the_root(tmp_path):
-    roots.write_file(tmp_path, "a/b/c", [b"x"], 0o644)
-    roots.write_file(tmp_path, "a/keep", [b"x"], 0o644)
-    roots.delete_file(tmp_path, "a/b/c")
+    safefs.write_file(tmp_path, "a/b/c", [b"x"], 0o644)
+    safefs.write_file(tmp_path, "a/keep", [b"x"], 0o644)
+    safefs.delete_file(tmp_path, "a/b/c")
     assert sorted(os.listdir(tmp_path)) == ["a"]
     assert os.listdir(tmp_path / "a") == ["keep"]
-    roots.delete_file(tmp_path, "a/keep")
+    safefs.delete_file(tmp_path, "a/keep")
     assert tmp_path.exists() and os.listdir(tmp_path) == []
 
 
@@ -143,7 +144,7 @@ def test_delete_removes_a_symlink_itself_not_its_target(tmp_path):
     root.mkdir()
     target.write_text("keep\n")
     (root / "link").symlink_to(target)
-    roots.delete_file(root, "link")
+    safefs.delete_file(root, "link")
     assert not (root / "link").is_symlink() and target.read_text() == "keep\n"
 
 
@@ -154,14 +155,14 @@ def test_set_mode_refuses_a_symlink(tmp_path):
     (tmp_path / "root").mkdir()
     (tmp_path / "root" / "link").symlink_to(target)
     with pytest.raises(OSError):
-        roots.set_mode(tmp_path / "root", "link", 0o777)
+        safefs.set_mode(tmp_path / "root", "link", 0o777)
     assert stat.S_IMODE(target.stat().st_mode) == 0o644
 
 
 def test_content_that_does_not_match_its_manifest_is_not_renamed_into_place(tmp_path):
     (tmp_path / "f").write_text("old\n")
-    with pytest.raises(roots.RootsError, match="changed during the sync"):
-        roots.write_file(tmp_path, "f", [b"new\n"], 0o644, expect_sha256="0" * 64)
+    with pytest.raises(safefs.SafeFsError, match="changed during the sync"):
+        safefs.write_file(tmp_path, "f", [b"new\n"], 0o644, expect_sha256="0" * 64)
     assert os.listdir(tmp_path) == ["f"] and (tmp_path / "f").read_text() == "old\n"
 
 
@@ -262,13 +263,13 @@ def test_what_the_file_server_ignores_is_neither_listed_nor_reported(tmp_path):
 def test_a_batch_of_writes_syncs_each_directory_once_and_never_through_a_link(tmp_path):
     synced = set()
     for rel in ("a/b/one.sls", "a/b/two.sls", "top.sls"):
-        roots.write_file(tmp_path, rel, [b"x"], 0o644, synced_dirs=synced)
+        safefs.write_file(tmp_path, rel, [b"x"], 0o644, synced_dirs=synced)
     assert synced == {("a", "b"), ()}
-    roots.sync_dirs(tmp_path, synced)
+    safefs.sync_dirs(tmp_path, synced)
     (tmp_path / "a" / "b").rename(tmp_path / "a" / "moved")
     (tmp_path / "a" / "b").symlink_to("/etc")
-    with pytest.raises(roots.RootsError, match="not a plain directory"):
-        roots.sync_dirs(tmp_path, {("a", "b")})
+    with pytest.raises(safefs.SafeFsError, match="not a plain directory"):
+        safefs.sync_dirs(tmp_path, {("a", "b")})
 
 
 def test_the_note_names_the_backends_that_serve_files():
@@ -280,9 +281,9 @@ def test_the_note_names_the_backends_that_serve_files():
 def hash_reads(monkeypatch):
     """The files ``manifest`` opens to hash (their fds' paths), in order."""
     read = []
-    real = roots.sha256_fd
+    real = safefs.sha256_fd
     monkeypatch.setattr(
-        roots, "sha256_fd", lambda fd: read.append(os.readlink(f"/proc/self/fd/{fd}")) or real(fd)
+        safefs, "sha256_fd", lambda fd: read.append(os.readlink(f"/proc/self/fd/{fd}")) or real(fd)
     )
     return read
 
@@ -319,7 +320,7 @@ def test_content_rewritten_with_its_old_size_and_mtime_is_hashed_again(
     assert path.stat().st_size == info.st_size and path.stat().st_mtime_ns == info.st_mtime_ns
     after = roots.manifest(tree, cachedir=cache)[0]["top.sls"]
     assert after["sha256"] != before["sha256"]
-    assert after["sha256"] == roots.sha256_file(str(path))
+    assert after["sha256"] == safefs.sha256_file(str(path))
 
 
 def test_a_file_changed_just_now_is_not_trusted_to_the_cache(tree, tmp_path, hash_reads):
@@ -431,15 +432,15 @@ def test_set_mode_never_changes_a_file_another_hard_link_shares(tmp_path):
     shadow.chmod(0o600)
     (tmp_path / "root").mkdir()
     os.link(shadow, tmp_path / "root" / "f")
-    with pytest.raises(roots.RootsError, match="other hard links"):
-        roots.set_mode(tmp_path / "root", "f", 0o644)
+    with pytest.raises(safefs.SafeFsError, match="other hard links"):
+        safefs.set_mode(tmp_path / "root", "f", 0o644)
     assert stat.S_IMODE(shadow.stat().st_mode) == 0o600
 
 
 def test_set_mode_refuses_a_fifo_instead_of_waiting_on_it(tmp_path):
     os.mkfifo(tmp_path / "f")
-    with pytest.raises(roots.RootsError, match="not a regular file"):
-        roots.set_mode(tmp_path, "f", 0o644)
+    with pytest.raises(safefs.SafeFsError, match="not a regular file"):
+        safefs.set_mode(tmp_path, "f", 0o644)
 
 
 def test_a_directory_swapped_for_a_symlink_during_the_scan_is_not_read_through(
@@ -452,14 +453,14 @@ def test_a_directory_swapped_for_a_symlink_during_the_scan_is_not_read_through(
     (root / "sub" / "ok").write_text("ok\n")
     secret.mkdir()
     (secret / "hostname").write_text("TOP SECRET\n")
-    real_enter = roots._enter
+    real_enter = safefs._enter
 
     def swap_then_enter(stack, rel, name, dfd, skipped):
         (root / "sub").rename(tmp_path / "moved")
         (root / "sub").symlink_to(secret)
         real_enter(stack, rel, name, dfd, skipped)
 
-    monkeypatch.setattr(roots, "_enter", swap_then_enter)
+    monkeypatch.setattr(safefs, "_enter", swap_then_enter)
     files, skipped = roots.manifest(root)
     assert files == {}
     assert skipped["sub"].startswith("changed during the scan")
@@ -495,7 +496,7 @@ def test_temporary_files_an_interrupted_sync_left_are_cleared(tmp_path):
     (tmp_path / "a" / ".multimaster-tmp-0123456789ab").write_text("half")
     (tmp_path / "a" / "keep.sls").write_text("x\n")
     (tmp_path / ".multimaster-tmp-link").symlink_to(tmp_path / "a" / "keep.sls")
-    assert roots.clear_temps(tmp_path) == ["a/.multimaster-tmp-0123456789ab"]
+    assert safefs.clear_temps(tmp_path) == ["a/.multimaster-tmp-0123456789ab"]
     assert sorted(os.listdir(tmp_path / "a")) == ["keep.sls"]
     assert (tmp_path / "a" / "keep.sls").read_text() == "x\n"
 
@@ -549,7 +550,7 @@ def test_a_manifest_carries_the_modes_of_the_directories_that_hold_files(tmp_pat
 
 def test_directories_a_write_makes_are_private_until_given_their_mode(tmp_path):
     root = tmp_path / "srv" / "pillar"
-    roots.write_file(root, "a/b/secret.sls", [b"x\n"], 0o644)
+    safefs.write_file(root, "a/b/secret.sls", [b"x\n"], 0o644)
     for path in (root, root / "a", root / "a" / "b"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
     # Above the root, outside every root: the usual mode.
@@ -561,12 +562,12 @@ def test_directories_a_write_makes_are_private_until_given_their_mode(tmp_path):
 def test_set_dir_mode_narrows_keeps_special_bits_and_reports_a_change(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a").chmod(0o2755)
-    assert roots.set_dir_mode(tmp_path, "a", 0o700) is True
+    assert safefs.set_dir_mode(tmp_path, "a", 0o700) is True
     assert stat.S_IMODE((tmp_path / "a").stat().st_mode) == 0o2700
-    assert roots.set_dir_mode(tmp_path, "a", 0o700) is False
-    assert roots.set_dir_mode(tmp_path, "missing/deeper", 0o700) is False
-    assert roots.set_dir_mode(tmp_path / "gone", "", 0o700) is False
-    assert roots.set_dir_mode(tmp_path, "", 0o711) is True
+    assert safefs.set_dir_mode(tmp_path, "a", 0o700) is False
+    assert safefs.set_dir_mode(tmp_path, "missing/deeper", 0o700) is False
+    assert safefs.set_dir_mode(tmp_path / "gone", "", 0o700) is False
+    assert safefs.set_dir_mode(tmp_path, "", 0o711) is True
     assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o711
 
 
@@ -576,8 +577,8 @@ def test_set_dir_mode_never_changes_a_directory_through_a_symlink(tmp_path):
     elsewhere.mkdir(mode=0o755)
     elsewhere.chmod(0o755)
     (root / "a").symlink_to(elsewhere)
-    with pytest.raises(roots.RootsError, match="not a plain directory"):
-        roots.set_dir_mode(root, "a", 0o777)
+    with pytest.raises(safefs.SafeFsError, match="not a plain directory"):
+        safefs.set_dir_mode(root, "a", 0o777)
     assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o755
 
 

@@ -132,15 +132,15 @@ def modes_at_writes(hosts, monkeypatch):
     """
     _, _, peer = hosts
     seen = []
-    roots = peer.peer.multimaster_roots
-    real = roots.write_file
+    safefs = peer.peer.multimaster_safefs
+    real = safefs.write_file
 
     def write_file(root, relpath, *args, **kwargs):
         directory = os.path.dirname(os.path.join(root, relpath))
         seen.append([mode_of(p) for p in (peer.pillar, directory) if os.path.isdir(p)])
         return real(root, relpath, *args, **kwargs)
 
-    monkeypatch.setattr(roots, "write_file", write_file)
+    monkeypatch.setattr(safefs, "write_file", write_file)
     return seen
 
 
