@@ -1452,209 +1452,6 @@ class _Nonce:
         self.value = None
 
 
-# What ``multimaster_roots.manifests`` reads of a master's opts.
-_ROOTS_OPTS = ("file_roots", "pillar_roots", "file_ignore_regex", "file_ignore_glob", "cachedir")
-
-
-def _layout(roots):
-    return {
-        kind: {env: [r["path"] for r in rs] for env, rs in envs.items()}
-        for kind, envs in roots.items()
-    }
-
-
-def _check_layouts(section, local, summary):
-    """
-    Refuse unless this master is the primary (same roots and content as the primary reports)
-    and every peer's roots pair with the primary's by environment and position.
-    """
-    primary = _ids(section)[0]
-    if primary not in summary:
-        raise Refused(f"primary {primary} did not report its roots")
-    theirs = summary[primary]["roots"]
-    if _layout(theirs) != _layout(local) or (
-        multimaster_roots.digests(theirs) != multimaster_roots.digests(local)
-    ):
-        raise Refused(
-            f"sync_roots copies the roots this master reads from its own disk: run it on the "
-            f"primary {primary} (its roots differ from this master's)"
-        )
-    for master, answer in summary.items():
-        for kind, envs in local.items():
-            mine = {env: len(rs) for env, rs in envs.items()}
-            peer = {env: len(rs) for env, rs in answer["roots"].get(kind, {}).items()}
-            if mine != peer:
-                raise Refused(
-                    f"{kind} of {master} do not pair with the primary's by environment and "
-                    f"position: primary {_layout(local)[kind]}, {master} "
-                    f"{_layout(answer['roots']).get(kind, {})}; nothing written"
-                )
-    _check_overlaps(primary, summary)
-
-
-def _check_overlaps(primary, summary):
-    """
-    Refuse unless every root of a master that overlaps another there (both kinds, synced or
-    not) overlaps it alike on the primary: a peer root holding another root's directory, where
-    the primary's keeps them apart, would see the other's files as extra and delete them.
-    Roots apart on a peer are safe whatever the primary does (nested there, the outer root's
-    files are mirrored as it serves them).
-    """
-    mine = multimaster_roots.overlaps(summary[primary]["real"])
-    for master, answer in summary.items():
-        theirs = multimaster_roots.overlaps(answer["real"])
-        for one, other in sorted(theirs):
-            if mine.get((one, other)) != theirs[(one, other)]:
-                raise Refused(
-                    f"roots of {master} overlap unlike the primary's: {_slot(one)} "
-                    f"{_where(answer['real'], one)} and {_slot(other)} "
-                    f"{_where(answer['real'], other)}: {_OVERLAP[theirs.get((one, other))]} on "
-                    f"{master}, {_OVERLAP[mine.get((one, other))]} on {primary}; nothing written"
-                )
-
-
-_OVERLAP = {
-    None: "apart",
-    "same": "one directory",
-    "inside": "the first inside the second",
-    "contains": "the second inside the first",
-}
-
-
-def _slot(slot):
-    return "{} {} #{}".format(*slot)
-
-
-def _where(layout, slot):
-    kind, env, index = slot
-    paths = layout.get(kind, {}).get(env, [])
-    return repr(paths[index]) if index < len(paths) else "(none)"
-
-
-def _mapping_of(value, what, check):
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise ValueError(f"{what} is not a mapping")
-    for item in value.values():
-        check(item)
-
-
-def _roots_check(answer):
-    """
-    A peer's ``roots``: ``{kind: {env: [{"path": str, "digest": str, ...}]}}``, or ValueError.
-    """
-
-    def root_list(rs):
-        if not isinstance(rs, list) or not all(
-            isinstance(r, dict)
-            and isinstance(r.get("path"), str)
-            and isinstance(r.get("digest"), str)
-            for r in rs
-        ):
-            raise ValueError("malformed root")
-
-    _mapping_of(answer.get("roots"), "roots", lambda envs: _mapping_of(envs, "roots", root_list))
-    return answer
-
-
-def _manifest_answer_check(answer):
-    """
-    ``_roots_check``, and the real paths of every root (``{kind: {env: [str]}}``).
-    """
-
-    def paths(ps):
-        if not isinstance(ps, list) or not all(isinstance(p, str) for p in ps):
-            raise ValueError("malformed real paths")
-
-    _mapping_of(answer.get("real"), "real", lambda envs: _mapping_of(envs, "real", paths))
-    return _roots_check(answer)
-
-
-def _git_check(git):
-    """
-    A peer's served commits: ``{role: {remote: {branch: 40-hex sha}}}``, or ValueError.
-    """
-
-    def branches(refs):
-        _mapping_of(refs, "git branches", lambda sha: None)
-        if not all(isinstance(sha, str) and len(sha) == 40 for sha in refs.values()):
-            raise ValueError("a served commit is not a sha")
-
-    _mapping_of(git, "git", lambda remotes: _mapping_of(remotes, "git remotes", branches))
-
-
-def _published(roots):
-    # Every minion sees a publish: names and digests of pillar files are not for it (a digest of
-    # a small pillar file confirms a guessed secret). The peers send those manifests whole.
-    return {kind: envs for kind, envs in roots.items() if kind != "pillar_roots"}
-
-
-def _dir_digests(local):
-    """
-    ``{kind: {env: [{dir: digest}, ...]}}`` of this master's ``file_roots``, for the peers to
-    return only the directories that differ; ``None`` when that would not fit in a small
-    publish.
-    """
-    dirs = {
-        kind: {
-            env: [multimaster_roots.dir_digests(r["files"], r["dirs"]) for r in rs]
-            for env, rs in envs.items()
-        }
-        for kind, envs in _published(local).items()
-    }
-    size = len(salt.utils.json.dumps(dirs))
-    return dirs if size <= multimaster_roots.DIR_DIGESTS_LIMIT else None
-
-
-def _per_root(value, files, what, valid):
-    """
-    ``value`` (``{kind: {env: [item, ...]}}`` from a peer's sealed manifest), checked to have
-    the shape of ``files`` and each item to pass ``valid``; ``Refused`` names ``what``.
-    """
-    for kind, envs in files.items():
-        for env, roots in envs.items():
-            given = value.get(kind, {}).get(env) if isinstance(value, dict) else None
-            if not isinstance(given, list) or len(given) != len(roots):
-                raise Refused(f"the {what} of {kind} {env} do not match the manifests")
-            if not all(valid(item) for item in given):
-                raise Refused(f"malformed {what} in {kind} {env}")
-    return value
-
-
-def _partial_check(partial, files):
-    """
-    The peer's ``dirs`` (which directories each manifest covers; ``None``: all), checked to
-    have the shape of ``files``.
-    """
-    if partial is None:
-        return None
-    return _per_root(
-        partial,
-        files,
-        "directory lists",
-        lambda where: (
-            where is None or (isinstance(where, list) and all(isinstance(d, str) for d in where))
-        ),
-    )
-
-
-def _modes_check(modes, files):
-    """
-    The peer's directory modes (``{kind: {env: [{dir: mode}, ...]}}``), checked to have the
-    shape of ``files`` and to hold permission bits.
-    """
-    return _per_root(
-        modes,
-        files,
-        "directory modes",
-        lambda root: (
-            isinstance(root, dict)
-            and all(
-                isinstance(d, str) and type(m) is int and 0 <= m <= 0o777 for d, m in root.items()
-            )
-        ),
-    )
-
-
 def _opened_manifest(section, master, answer, nonce):
     """
     ``(files, modes, partial)``: the peer's file manifests and directory modes, unsealed with
@@ -1678,8 +1475,8 @@ def _opened_manifest(section, master, answer, nonce):
     files = body["files"]
     return (
         files,
-        _modes_check(body.get("dir_modes"), files),
-        _partial_check(body.get("dirs"), files),
+        multimaster_roots.modes_check(body.get("dir_modes"), files),
+        multimaster_roots.partial_check(body.get("dirs"), files),
     )
 
 
@@ -1692,92 +1489,6 @@ def _expected_binding(master, entry):
     if entry.get("config_dir"):
         expect["config_dir"] = entry["config_dir"]
     return expect
-
-
-def _roots_plan(local, files, modes, partial=None):
-    """
-    ``(pairs, members)``: per paired root what to write, re-mode and delete, and the modes of
-    its directories; the source files of the content stream in order. ``modes`` are the peer's
-    directory modes. Where ``partial`` names the directories a peer's manifest covers, only
-    those directories are compared (the others are equal).
-    """
-    pairs, members = [], []
-    # A kind the peer left out of its manifests has the primary's digests there: equal.
-    for kind, envs in ((k, e) for k, e in local.items() if k in files):
-        for env, rs in envs.items():
-            for index, source in enumerate(rs):
-                target = files.get(kind, {}).get(env, [])[index]
-                where = (partial or {}).get(kind, {}).get(env, [None] * len(rs))[index]
-                mine, dirs = (
-                    (source["files"], source["dirs"])
-                    if where is None
-                    else (
-                        multimaster_roots.within(source["files"], where),
-                        multimaster_roots.modes_within(source["dirs"], where),
-                    )
-                )
-                diff = multimaster_roots.plan(mine, target)
-                write = [
-                    {"path": path, **source["files"][path]} for path in diff["add"] + diff["change"]
-                ]
-                members += [(source["path"], w["path"], w["size"]) for w in write]
-                pairs.append(
-                    {
-                        "kind": kind,
-                        "env": env,
-                        "index": index,
-                        "write": write,
-                        "added": diff["add"],
-                        "mode": [[path, source["files"][path]["mode"]] for path in diff["mode"]],
-                        "delete": diff["delete"],
-                        "dirs": multimaster_roots.dir_plan(dirs, modes[kind][env][index]),
-                    }
-                )
-    return pairs, members
-
-
-# What a roots report lists per change (the paths, or how many of them for pillar_roots).
-_LISTED = ("added", "changed", "modes", "dir_modes", "deleted")
-
-
-def _roots_report(pairs, local):
-    """
-    What ``pairs`` do: per change how many paths and, for ``file_roots``, which (the names of
-    pillar files never leave the sealed manifests and plan: a runner's return lands in the job
-    cache); the bytes to move.
-    """
-    counts = dict.fromkeys((*_LISTED, "skipped"), 0)
-    shown = {key: [] for key in counts}
-    for pair in pairs:
-        changes = _pair_changes(pair, local[pair["kind"]][pair["env"]][pair["index"]])
-        for key, paths in changes.items():
-            counts[key] += len(paths)
-            if pair["kind"] != "pillar_roots":
-                shown[key] += paths
-    report = {key: sorted(paths)[:SHOWN] for key, paths in shown.items()}
-    report["skipped"] = dict(report["skipped"])
-    size = sum(w["size"] for pair in pairs for w in pair["write"])
-    return {"counts": counts, "bytes": size, **report}
-
-
-def _pair_changes(pair, root):
-    """
-    ``{change: [path, ...]}`` of one paired root's plan (``skipped``: ``[(path, why), ...]`` of
-    what the primary's root holds that is never copied), each path under the primary's root.
-    """
-
-    def under(relpath):
-        return os.path.normpath(f"{root['path']}/{relpath}")
-
-    added = set(pair["added"])
-    return {
-        "added": [under(w["path"]) for w in pair["write"] if w["path"] in added],
-        "changed": [under(w["path"]) for w in pair["write"] if w["path"] not in added],
-        "modes": [under(path) for path, _ in pair["mode"]],
-        "dir_modes": [under(directory) for directory, _ in pair["dirs"]],
-        "deleted": [under(path) for path in pair["delete"]],
-        "skipped": [(under(path), why) for path, why in root["skipped"].items()],
-    }
 
 
 def _deliver_roots(section, master, pairs, members, binding):
@@ -1844,8 +1555,9 @@ def sync_roots(roots="both", test=False, timeout=300):
         if not kinds:
             return _finish({"masters": {}, "comment": "; ".join(notes)}, False)
         # One round: each master compares its digests with this master's and returns its
-        # manifests, sealed, only where they differ (pillar ones always: see _published).
-        opts = {key: current.get(key) for key in _ROOTS_OPTS}
+        # manifests, sealed, only where they differ (pillar ones always: see
+        # multimaster_roots.published).
+        opts = {key: current.get(key) for key in multimaster_roots.MANIFEST_OPTS}
         local = multimaster_roots.manifests(opts, kinds)
         digests = multimaster_roots.digests(local)
         nonce = os.urandom(32).hex()
@@ -1857,13 +1569,13 @@ def sync_roots(roots="both", test=False, timeout=300):
                 "kinds": kinds,
                 "full": True,
                 "nonce": nonce,
-                "unless": _published(digests),
-                "dirs": _dir_digests(local),
+                "unless": multimaster_roots.published(digests),
+                "dirs": multimaster_roots.published_dir_digests(local),
             },
             timeout,
-            _manifest_answer_check,
+            multimaster_roots.manifest_answer_check,
         )
-        _check_layouts(section, local, summary)
+        multimaster_roots.check_layouts(_ids(section)[0], local, summary)
     except SaltInvocationError as exc:
         return _refused(exc)
     ret = {"masters": {}, "roots": digests}
@@ -1892,12 +1604,12 @@ def _malformed_manifest(master):
 def _sync_one_root_set(section, master, local, answer, nonce, test, timeout):
     try:
         files, modes, partial = _opened_manifest(section, master, answer, nonce)
-        pairs, members = _roots_plan(local, files, modes, partial)
+        pairs, members = multimaster_roots.sync_plan(local, files, modes, partial)
     except (SaltInvocationError, multimaster_seal.SealError) as exc:
         return {"result": False, "error": f"manifest of {master}: {exc}"}
     except (KeyError, IndexError, TypeError):
         return {"result": False, "error": _malformed_manifest(master)}
-    report = _roots_report(pairs, local)
+    report = multimaster_roots.plan_report(pairs, local, SHOWN)
     if test:
         return {"result": None, "planned": report}
     _progress(f"{master}: {report['counts']} ({report['bytes']} bytes)")
@@ -1926,8 +1638,8 @@ def _report_check(answer):
     answer["master_key"]["fp"] = multimaster_keys.fingerprint(pub) if pub else None
     if not isinstance(answer.get("answering"), list):
         raise ValueError("answering is not a list")
-    _git_check(answer.get("git"))
-    return _roots_check(answer)
+    multimaster_roots.git_check(answer.get("git"))
+    return multimaster_roots.roots_check(answer)
 
 
 def _root_digests(report):
@@ -2000,7 +1712,7 @@ def _roots_paths_differ(section, reachable, slots, timeout):
         "roots_manifest",
         {"kinds": kinds, "full": True, "nonce": nonce},
         timeout,
-        _roots_check,
+        multimaster_roots.roots_check,
     )
     opened = {}
     for master, answer in answers.items():
@@ -2026,25 +1738,10 @@ def _roots_paths_differ(section, reachable, slots, timeout):
             except (KeyError, IndexError):
                 out[name][master] = f"{master} has no such root"
                 continue
-            out[name][master] = _differences(*source, *target, named=kind != "pillar_roots")
+            out[name][master] = multimaster_roots.differences(
+                *source, *target, shown=SHOWN, named=kind != "pillar_roots"
+            )
     return out
-
-
-def _differences(files, modes, their_files, their_modes, named=True):
-    """
-    What a root holds unlike the reference's ``files`` and directory ``modes``: the paths
-    missing, changed, re-moded or extra, the directories of another mode; each only when any.
-    Not ``named`` (``pillar_roots``: their names are for sealed manifests only): how many.
-    """
-    diff = multimaster_roots.plan(files, their_files)
-    diff["dir_mode"] = [
-        directory
-        for directory, _ in multimaster_roots.dir_plan(modes, their_modes)
-        if directory in their_modes
-    ]
-    keys = {"missing": "add", "changed": "change", "mode": "mode", "extra": "delete"}
-    keys["dir_mode"] = "dir_mode"
-    return {k: diff[v][:SHOWN] if named else len(diff[v]) for k, v in keys.items() if diff[v]}
 
 
 def _keys_differ(section, timeout):

@@ -369,18 +369,11 @@ def test_directory_digests_name_only_the_directories_that_differ(tree, tmp_path)
 
 
 @pytest.fixture
-def runner():
-    return load_module("multimaster_runner_roots", "_runners/multimaster.py")
-
-
-@pytest.fixture
 def peer_module():
     return load_module("multimaster_peer_roots", "_modules/multimaster_peer.py")
 
 
-def test_a_peer_manifest_cut_to_the_differing_directories_plans_as_the_whole_one(
-    tree, runner, peer_module
-):
+def test_a_peer_manifest_cut_to_the_differing_directories_plans_as_the_whole_one(tree, peer_module):
     dirs = {}
     files = roots.manifest(tree, dirs=dirs)[0]
     local = {
@@ -393,17 +386,16 @@ def test_a_peer_manifest_cut_to_the_differing_directories_plans_as_the_whole_one
     their_dirs = dict(dirs, nested=0o777, gone=0o755)
     whole = {"file_roots": {"base": [theirs]}}
     modes = {"file_roots": {"base": [their_dirs]}}
-    cut, cut_modes, partial = peer_module._narrowed(whole, modes, runner._dir_digests(local))
+    sent = roots.published_dir_digests(local)
+    cut, cut_modes, partial = peer_module._narrowed(whole, modes, sent)
     assert partial == {"file_roots": {"base": [["", "gone", "nested", "nested/deep"]]}}
     assert "top.sls" in cut["file_roots"]["base"][0]  # same directory as the missing blob
     assert "with space.sls" in cut["file_roots"]["base"][0]
     assert cut_modes["file_roots"]["base"][0] == roots.modes_within(
         their_dirs, partial["file_roots"]["base"][0]
     )
-    assert runner._roots_plan(local, cut, cut_modes, partial) == runner._roots_plan(
-        local, whole, modes
-    )
-    pairs, _ = runner._roots_plan(local, cut, cut_modes, partial)
+    assert roots.sync_plan(local, cut, cut_modes, partial) == roots.sync_plan(local, whole, modes)
+    pairs, _ = roots.sync_plan(local, cut, cut_modes, partial)
     assert [w["path"] for w in pairs[0]["write"]] == ["blob.bin", "nested/deep/run.sh"]
     assert pairs[0]["delete"] == ["gone/old.sls"]
     assert pairs[0]["dirs"] == [["nested", dirs["nested"]]]
@@ -417,12 +409,12 @@ def test_a_peer_manifest_cut_to_the_differing_directories_plans_as_the_whole_one
     assert peer_module._narrowed(whole, modes, garbage)[0] == whole
 
 
-def test_a_peer_s_directory_list_that_does_not_match_its_manifests_is_refused(runner):
+def test_a_peer_s_directory_list_that_does_not_match_its_manifests_is_refused():
     files = {"file_roots": {"base": [{}]}}
-    assert runner._partial_check(None, files) is None
+    assert roots.partial_check(None, files) is None
     for bad in ({}, {"file_roots": {"base": []}}, {"file_roots": {"base": [[1]]}}):
-        with pytest.raises(runner.Refused):
-            runner._partial_check(bad, files)
+        with pytest.raises(roots.RootsRefused):
+            roots.partial_check(bad, files)
 
 
 def test_set_mode_never_changes_a_file_another_hard_link_shares(tmp_path):
@@ -514,21 +506,21 @@ def test_overlaps_names_how_two_roots_share_directories():
     assert roots.overlaps({"file_roots": {"base": ["/srv/salt", "/srv/salted"]}}) == {}
 
 
-def test_a_peer_whose_roots_nest_unlike_the_primary_s_is_refused(runner):
+def test_a_peer_whose_roots_nest_unlike_the_primary_s_is_refused():
     # The primary keeps pillar beside the states; the peer inside them: syncing the peer's
     # file_roots would delete its pillar files as extra, and the pillar sync write them back.
     apart = {"file_roots": {"base": ["/p/salt"]}, "pillar_roots": {"base": ["/p/pillar"]}}
     nested = {"file_roots": {"base": ["/q/salt"]}, "pillar_roots": {"base": ["/q/salt/pillar"]}}
     summary = {"m1": {"real": apart}, "m2": {"real": nested}}
-    with pytest.raises(runner.Refused) as refused:
-        runner._check_overlaps("m1", summary)
+    with pytest.raises(roots.RootsRefused) as refused:
+        roots.check_overlaps("m1", summary)
     message = str(refused.value)
     assert "'/q/salt/pillar'" in message and "the second inside the first on m2" in message
     assert "apart on m1" in message and "nothing written" in message
     # Nested alike on both sides mirrors fine; so do roots apart on the peer (the demo lab's
     # primary serves the formula checkout, which holds its second root).
-    runner._check_overlaps("m1", {"m1": {"real": nested}, "m2": {"real": nested}})
-    runner._check_overlaps("m1", {"m1": {"real": nested}, "m2": {"real": apart}})
+    roots.check_overlaps("m1", {"m1": {"real": nested}, "m2": {"real": nested}})
+    roots.check_overlaps("m1", {"m1": {"real": nested}, "m2": {"real": apart}})
 
 
 def test_a_manifest_carries_the_modes_of_the_directories_that_hold_files(tmp_path):
@@ -592,8 +584,30 @@ def test_the_directory_plan_names_what_is_missing_or_of_another_mode():
     "modes",
     [None, {}, {"file_roots": {"base": []}}, {"file_roots": {"base": [{"a": "0755"}]}}],
 )
-def test_a_peer_s_directory_modes_that_do_not_match_its_manifests_are_refused(runner, modes):
+def test_a_peer_s_directory_modes_that_do_not_match_its_manifests_are_refused(modes):
     files = {"file_roots": {"base": [{}]}}
-    assert runner._modes_check({"file_roots": {"base": [{"": 0o700}]}}, files)
-    with pytest.raises(runner.Refused, match="directory modes"):
-        runner._modes_check(modes, files)
+    assert roots.modes_check({"file_roots": {"base": [{"": 0o700}]}}, files)
+    with pytest.raises(roots.RootsRefused, match="directory modes"):
+        roots.modes_check(modes, files)
+
+
+def test_differences_name_file_roots_paths_and_count_pillar_ones():
+    entry = {"size": 1, "mode": 0o644, "sha256": "0" * 64}
+    files = {"a.sls": entry, "b.sls": entry, "d/c.sls": entry}
+    theirs = {"a.sls": {**entry, "sha256": "1" * 64}, "b.sls": {**entry, "mode": 0o600}, "x": entry}
+    modes, their_modes = {"": 0o755, "d": 0o755}, {"": 0o700}
+    assert roots.differences(files, modes, theirs, their_modes, shown=50) == {
+        "missing": ["d/c.sls"],
+        "changed": ["a.sls"],
+        "mode": ["b.sls"],
+        "extra": ["x"],
+        "dir_mode": [""],
+    }
+    assert roots.differences(files, modes, theirs, their_modes, shown=50, named=False) == {
+        "missing": 1,
+        "changed": 1,
+        "mode": 1,
+        "extra": 1,
+        "dir_mode": 1,
+    }
+    assert roots.differences(files, modes, files, modes, shown=50) == {}
