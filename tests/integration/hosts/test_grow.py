@@ -2,9 +2,12 @@
 A hot set grows and shrinks on separate hosts with Salt's default paths. Its masters' reactor
 config came with the image (in ``master.d`` before the formula's runners were ever synced to
 them): once the set is built with the formula, ``salt-key -a`` on master2 reaches master1, and a
-reaction that could not run said so in the master's log at error level. Then the "Adding a
-master" walk-through of docs/adding-masters.md runs as written: master3 joins and leaves.
+reaction that could not run said so in the master's log at error level. A new minion of the
+set gets exactly one first highstate from the two masters' reactions. Then the "Adding a master"
+walk-through of docs/adding-masters.md runs as written: master3 joins and leaves.
 """
+
+import json
 
 from tests.support import walkthrough
 from toolkit import hosts as nshosts
@@ -25,7 +28,7 @@ reactor:
 PILLAR = """\
 multimaster:
   mode: hot
-  reactor: {keys: true}
+  reactor: {keys: true, first_highstate: true}
   masters:
     - {id: master1, host: 10.0.3.61}
     - {id: master2, host: 10.0.3.230}
@@ -36,6 +39,21 @@ multimaster:
 WAIT_ANSWERS = """
 until [ "$(salt '{tgt}' test.ping --out=txt | grep -c ': True')" = {count} ]; do sleep 3; done
 """
+
+
+def _first_highstate_returned(master):
+    """
+    Whether ``master``'s job cache holds minion3's return of the first-highstate job.
+    """
+    jobs = master.sh(
+        "salt-run jobs.list_jobs search_function=state.sls search_target=minion3 --out=json",
+        check=False,
+    ).stdout
+    for jid in json.loads(jobs or "{}"):
+        ret = master.sh(f"salt-run jobs.lookup_jid {jid} --out=json", check=False).stdout
+        if '"minion3"' in ret:
+            return True
+    return False
 
 
 def _accepted(host, minion):
@@ -52,6 +70,9 @@ pillar_roots:
   base: [/srv/pillar]
 YAML
 printf "base:\\n  '*': [multimaster]\\n" > /srv/pillar/top.sls
+# The site's highstate: minion3 counts its runs.
+printf "base:\\n  minion3: [counted]\\n" > /srv/salt/top.sls
+printf "/srv/highstates:\\n  file.append:\\n    - text: highstate\\n" > /srv/salt/counted.sls
 cat > /srv/pillar/multimaster.sls <<'YAML'
 {PILLAR}YAML
 systemctl restart salt-master
@@ -107,8 +128,16 @@ def test_key_reactor_from_the_image_propagates_once_the_set_is_built(host_set):
         )
     host_set["master2"].sh("salt-key -a minion3 -y")
     host_set.wait("minion3 accepted on master1", lambda: _accepted(primary, "minion3"), 30)
-    # As for any new minion of the set (the first-highstate reactor does it where it is on).
-    primary.sh(WAIT_ANSWERS.format(tgt="minion3", count=1) + "salt minion3 saltutil.sync_all")
+    # Both masters react to minion3's start; the minion runs the one highstate they ask for.
+    highstates = minion3.path("/srv/highstates")
+    host_set.wait("minion3's first highstate", highstates.exists, 180)
+    for name in ("master1", "master2"):
+        host_set.wait(
+            f"{name}'s first-highstate job to return",
+            lambda name=name: _first_highstate_returned(host_set[name]),
+            120,
+        )
+    assert highstates.read_text().split() == ["highstate"]
 
 
 def test_the_add_and_remove_master_walk_through_runs_as_written(host_set):
