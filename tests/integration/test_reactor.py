@@ -310,21 +310,31 @@ def test_accept_on_master2_reaches_master1_with_the_exact_key(reactor_set, event
 
 def test_reject_on_master1_revokes_on_master2_and_rotates(reactor_set, event_listener):
     """
-    ``salt-key -r`` of an accepted key on master1: rejected on master2, whose AES key rotates.
+    ``salt-key -r`` on master1 of a running minion's accepted key: rejected on master2, whose
+    AES key rotates, so the minion, still running, no longer answers master2 either.
     """
     master1, master2 = reactor_set
-    pem = keytools.new_public_pem()
-    for master in reactor_set:
-        keytools.write_key(master, "minions", "rx-rej", pem)
-    start = time.time()
-    salt_key(master1, "-r", "rx-rej", "--include-accepted")
-    wait_for(
-        lambda: state_of(master2, "rx-rej") == ("minions_rejected", keytools.fingerprint(pem)),
-        REACT_TIMEOUT,
-        what="rx-rej rejected on master2",
-    )
-    (ret,) = wait_reactor(event_listener, master1, "key_event", "rx-rej", start)
-    assert ret["retcode"] == 0 and ret["masters"][master2.id]["aes_rotated"] is True, ret
+    with contextlib.ExitStack() as stack:
+        minion = start_minion(master1, "rx-rej", stack)
+        harness.preaccept(minion, reactor_set)
+        minion.start(start_timeout=START_TIMEOUT)
+        for master in reactor_set:
+            harness.wait_for_ping(master.salt_cli(), "rx-rej", timeout=60)
+        pem = (keytools.pki_dir(master2) / "minions" / "rx-rej").read_text()
+        start = time.time()
+        salt_key(master1, "-r", "rx-rej", "--include-accepted")
+        wait_for(
+            lambda: state_of(master2, "rx-rej") == ("minions_rejected", keytools.fingerprint(pem)),
+            REACT_TIMEOUT,
+            what="rx-rej rejected on master2",
+        )
+        (ret,) = wait_reactor(event_listener, master1, "key_event", "rx-rej", start)
+        assert ret["retcode"] == 0 and ret["masters"][master2.id]["aes_rotated"] is True, ret
+        assert minion.is_running(), "rx-rej died: its silence below would prove nothing"
+        answered = master2.salt_cli(timeout=60).run(
+            "--timeout=10", "test.ping", minion_tgt="rx-rej"
+        )
+        assert not (isinstance(answered.data, dict) and answered.data.get("rx-rej")), answered
 
 
 def test_delete_on_master2_of_a_key_accepted_on_master1_deletes_it_on_master1(
