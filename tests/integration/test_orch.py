@@ -5,6 +5,7 @@ pillar, and a hot minion pinged from master1 once a second while the orchestrati
 """
 
 import contextlib
+import itertools
 import json
 import pathlib
 import threading
@@ -127,13 +128,19 @@ def pings(master, stop, record):
         stop.wait(max(0.0, 1.0 - (time.monotonic() - began)))
 
 
+# Pings missed during add_master (docs/adding-masters.md): one run of misses per restart
+# (master1's, then the minion's), each no longer than this many pings (a ping a second).
+MISS_STREAKS = 2
+MISS_STREAK_LEN = 4
+
+
 def test_add_master_brings_in_master3(orch_set, record_property):
     """
-    The orchestration succeeds while a hot minion is pinged from master1 once a second (the
-    misses are printed and recorded: master1 restarts once, for its peer_run, and the minion
-    restarts once, for its master list), the minions re-pointed two at a time; afterwards every
-    minion answers master3, the orchestration's own status step and a later one are clean, and
-    a re-run succeeds.
+    The orchestration succeeds while a hot minion is pinged from master1 once a second (misses
+    only while master1 restarts once, for its peer_run, and the minion restarts once, for its
+    master list: at most one short run of misses each), the minions re-pointed two at a time;
+    afterwards every minion answers master3, the orchestration's own status step and a later
+    one are clean, and a re-run succeeds.
     """
     masters, minions, _ = orch_set
     master1, _, master3 = masters
@@ -152,6 +159,9 @@ def test_add_master_brings_in_master3(orch_set, record_property):
     print(f"\nadd_master: {len(record)} pings from master1, {record.count(False)} missed")
     record_property("pings_missed", f"{record.count(False)}/{len(record)}")
     assert ret.returncode == 0, harness.failed_steps(ret)
+    # docs/adding-masters.md's bound: misses only while master1 and then the minion restart.
+    streaks = [len(list(run)) for missed, run in itertools.groupby(record) if not missed]
+    assert len(streaks) <= MISS_STREAKS and max(streaks, default=0) <= MISS_STREAK_LEN, record
     for minion in minions:
         harness.wait_for_ping(master3.salt_cli(), minion.id, timeout=120)
     ret = keytools.run_cli("salt-run", master1.config_dir, "multimaster.status")
