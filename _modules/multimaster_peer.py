@@ -487,22 +487,7 @@ def _cluster_local():
     """
     master, section = _local()
     mopts = multimaster_keystore.master_opts(master["config_dir"])
-    if section["mode"] != "cluster" or not mopts.get("cluster_id"):
-        raise CommandExecutionError(
-            f"{master['id']}: not a cluster master (mode {section['mode']!r}, cluster_id "
-            f"{mopts.get('cluster_id')!r} in {master['config_dir']}/master)"
-        )
-    return master, section, mopts, os.path.join(mopts["cluster_pki_dir"], "peers")
-
-
-def _held_peer_keys(peers_dir):
-    """
-    ``{peer id: fingerprint}`` of the keys in ``peers_dir`` (None: invalid).
-    """
-    return {
-        peer: pem and multimaster_keys.fingerprint(pem)
-        for peer, pem in multimaster_keys.peer_keys(peers_dir).items()
-    }
+    return master, section, mopts, multimaster_cluster.member_peers_dir(master, section, mopts)
 
 
 @_signed_answer
@@ -518,7 +503,7 @@ def cluster_peer_keys():
         salt-run multimaster.share_peer_keys   # the runner calls this
     """
     master, _, _, peers_dir = _cluster_local()
-    return {"held": _held_peer_keys(peers_dir), "binding": _binding(master)}
+    return {"held": multimaster_cluster.held_peer_keys(peers_dir), "binding": _binding(master)}
 
 
 @_signed_answer
@@ -544,42 +529,10 @@ def install_cluster_peer_keys(keys, order):
         salt-run multimaster.share_peer_keys   # the runner calls this; not meant for the CLI
     """
     master, section, _, peers_dir = _cluster_local()
-    if not isinstance(keys, dict):
-        raise CommandExecutionError(f"keys: got {type(keys).__name__}; expected {{address: PEM}}")
-    multimaster_seal.check_order(
-        order,
-        {"keys": keys},
-        "cluster_peer_keys",
-        __opts__["id"],
-        _read_own("minion_master.pub"),
-        _expect(master),
-        _challenges(),
+    multimaster_cluster.check_peer_keys(
+        keys, order, __opts__["id"], _read_own("minion_master.pub"), _expect(master), _challenges()
     )
-    own = multimaster_settings.cluster_address(master)
-    peers = {multimaster_settings.cluster_address(m) for m in section["masters"]} - {own}
-    checked = {}
-    for peer, pem in sorted(keys.items()):
-        if peer not in peers:
-            raise CommandExecutionError(
-                f"peer key for {peer!r}: not another master of multimaster:masters "
-                f"(expected one of {sorted(peers)})"
-            )
-        checked[peer] = multimaster_keys.canonical(pem, f"peer key of {peer!r}")
-    held = _held_peer_keys(peers_dir)
-    ret = {"written": [], "unchanged": [], "conflicts": {}}
-    for peer, pem in checked.items():
-        fp = multimaster_keys.fingerprint(pem)
-        if peer in held:
-            if held[peer] == fp:
-                ret["unchanged"].append(peer)
-            else:
-                ret["conflicts"][peer] = {"held": held[peer], "offered": fp}
-            continue
-        multimaster_safefs.write_file(peers_dir, f"{peer}.pub", [pem.encode()], 0o644)
-        ret["written"].append(peer)
-    if ret["written"]:
-        log.info("multimaster: cluster peer keys added: %s", ", ".join(ret["written"]))
-    return ret
+    return multimaster_cluster.install_peer_keys(peers_dir, keys, master, section)
 
 
 @_signed_answer
@@ -618,24 +571,15 @@ def install_cluster_aes(envelope):
         salt-run multimaster.share_cluster_aes   # the runner calls this; not meant for the CLI
     """
     master, _, mopts, _ = _cluster_local()
-    body, bound = multimaster_seal.unseal(
+    key, stamp, sender = multimaster_cluster.open_aes_envelope(
         envelope,
-        "cluster_aes",
         __opts__["id"],
         _read_own("minion.pem"),
         _read_own("minion_master.pub"),
         _expect(master),
         _challenges(),
     )
-    stamp = body.get("stamp")
-    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
-        raise CommandExecutionError(f"sealed cluster AES key: stamp {stamp!r} is not a time")
-    installed = multimaster_cluster.install_aes(mopts, body.pop("key", None), stamp)
-    ret = {"installed": installed, "reloaded": False}
-    if installed:
-        log.info("multimaster: cluster AES key from %s installed", bound.get("sender"))
-        ret["reloaded"] = multimaster_cluster.reload(mopts, bound.get("sender") or "multimaster")
-    return ret
+    return multimaster_cluster.install_shared_aes(mopts, key, stamp, sender)
 
 
 # --- master key ------------------------------------------------------------------------------

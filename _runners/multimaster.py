@@ -733,7 +733,7 @@ def wait_masters(timeout=180, interval=1, skip=None):
         return _refused(exc)
     start = time.monotonic()
     waiting, last = [m for m in _ids(section) if m not in skipped], {}
-    next_nudge = READY_NUDGE_INTERVAL
+    next_nudge = multimaster_cluster.NUDGE_INTERVAL
     while True:
         answers, errors = _poll_settled(section, waiting)
         waiting = [m for m in waiting if not (answers.get(m) or {}).get("settled")]
@@ -750,7 +750,7 @@ def wait_masters(timeout=180, interval=1, skip=None):
         if cluster and waited >= next_nudge and _started_master() is not None:
             # A restarted master may have won the election: see cluster_ready.
             _nudge_raft()
-            next_nudge = waited + READY_NUDGE_INTERVAL
+            next_nudge = waited + multimaster_cluster.NUDGE_INTERVAL
         time.sleep(float(interval))
 
 
@@ -1755,50 +1755,19 @@ def _keys_differ(section, timeout):
     return dict(sorted(differing.items())[:SHOWN])
 
 
-def _own_peer_keys(section):
-    """
-    ``({address: PEM}, [addresses missing here])`` of the configured masters' keys in this
-    master's ``cluster_pki_dir/peers/``; an invalid one counts as missing.
-    """
-    held = multimaster_keys.peer_keys(os.path.join(__opts__["cluster_pki_dir"], "peers"))
-    addresses = [multimaster_settings.cluster_address(m) for m in section["masters"]]
-    return (
-        {a: held[a] for a in addresses if held.get(a)},
-        [a for a in addresses if not held.get(a)],
-    )
-
-
-def _peer_keys_check(answer):
-    held = answer["held"]
-    if not isinstance(held, dict):
-        raise ValueError("held is not a mapping")
-    return answer
-
-
 def _share_one(section, master, answer, keys, signer, timeout):
     """
     Give ``master`` the keys it lacks (``answer``: what it holds and its challenge), orders
     signed with ``signer``; with no ``signer`` (test) only report.
     """
-    address = multimaster_settings.cluster_address(_by_id(section)[master])
-    held = answer["held"]
-    conflicts = sorted(
-        peer
-        for peer, fp in held.items()
-        if peer in keys and fp != multimaster_keys.fingerprint(keys[peer])
-    )
-    missing = {peer: pem for peer, pem in keys.items() if peer != address and peer not in held}
-    report = {"missing": sorted(missing), "conflicts": conflicts}
+    entry = _by_id(section)[master]
+    address = multimaster_settings.cluster_address(entry)
+    missing, report = multimaster_cluster.peer_keys_plan(address, answer["held"], keys)
     if signer is None or not missing:
-        return dict(report, result=not conflicts, written=[])
+        return dict(report, result=not report["conflicts"], written=[])
     try:
-        order = multimaster_seal.order(
-            {"keys": missing},
-            "cluster_peer_keys",
-            _by_id(section)[master]["minion_id"],
-            signer,
-            _bound(_binding(answer, master)),
-        )
+        bound = _bound(_binding(answer, master))
+        order = multimaster_cluster.peer_keys_order(missing, entry["minion_id"], signer, bound)
     except ValueError as exc:
         return dict(report, result=False, error=str(exc))
     answers, errors = _call(
@@ -1806,9 +1775,7 @@ def _share_one(section, master, answer, keys, signer, timeout):
     )
     if master in errors:
         return dict(report, result=False, error=errors[master])
-    done = answers[master]
-    conflicts = sorted(set(conflicts) | set(done.get("conflicts") or {}))
-    return dict(report, result=not conflicts, written=done.get("written", []), conflicts=conflicts)
+    return multimaster_cluster.peer_keys_result(report, answers[master])
 
 
 def share_peer_keys(masters=None, test=False, timeout=60):
@@ -1837,8 +1804,10 @@ def share_peer_keys(masters=None, test=False, timeout=60):
         section, targets = _cluster_section(masters, "peer keys exist")
     except SaltInvocationError as exc:
         return _refused(exc)
-    keys, not_here = _own_peer_keys(section)
-    answers, errors = _call(section, targets, "cluster_peer_keys", {}, timeout, _peer_keys_check)
+    keys, not_here = multimaster_cluster.own_peer_keys(section, __opts__["cluster_pki_dir"])
+    answers, errors = _call(
+        section, targets, "cluster_peer_keys", {}, timeout, multimaster_cluster.peer_keys_check
+    )
     report = {m: {"result": False, "error": errors[m]} for m in targets if m in errors}
     signer = None if test or not answers else _signer_key()
     for master in targets:
@@ -1858,22 +1827,8 @@ def _cluster_section(masters, what="this exists"):
     and an id not in the pillar.
     """
     section = _section()
-    if section["mode"] != "cluster":
-        raise Refused(f"mode is {section['mode']!r}: {what} in mode cluster only")
-    targets = _id_list(masters, "masters") or _ids(section)
-    unknown = sorted(set(targets) - set(_ids(section)))
-    if unknown:
-        raise Refused(f"masters={unknown}: not in multimaster:masters {_ids(section)}")
-    return section, targets
-
-
-def _aes_info_check(answer):
-    held = answer["held"]
-    if held is not None and not (
-        isinstance(held.get("stamp"), (int, float)) and isinstance(held.get("digest"), str)
-    ):
-        raise ValueError("held is not a stamp and a digest")
-    return answer
+    multimaster_cluster.check_mode(section, f"{what} in mode cluster only")
+    return section, multimaster_cluster.targets(section, _id_list(masters, "masters"))
 
 
 def _share_aes_one(section, master, answer, key, own, test, timeout):
@@ -1881,22 +1836,17 @@ def _share_aes_one(section, master, answer, key, own, test, timeout):
     Give ``master`` this master's cluster AES key (``key``, described by ``own``) unless it
     holds it or a newer one; with ``test`` only report.
     """
-    held = answer["held"]
-    if held and held["digest"] == own["digest"]:
-        return {"result": True, "current": True}
-    if held and multimaster_cluster.newer(held, own):
-        # That master rotated later: its own reaction hands its key on.
-        return {"result": True, "current": False, "newer_there": True}
-    if test:
-        return {"result": True, "current": False, "would_install": True}
+    report = multimaster_cluster.aes_plan(answer["held"], own, test)
+    if report:
+        return report
     entry = _by_id(section)[master]
     problem = _recipient_problem(entry, {}, planning=True)
     if problem:
         return {"result": False, "error": problem}
     try:
-        envelope = multimaster_seal.seal(
-            {"key": key, "stamp": own["stamp"]},
-            "cluster_aes",
+        envelope = multimaster_cluster.aes_envelope(
+            key,
+            own,
             entry["minion_id"],
             _primary_key_entry(entry["minion_id"])[1],
             _signer_key(),
@@ -1909,13 +1859,7 @@ def _share_aes_one(section, master, answer, key, own, test, timeout):
     )
     if master in errors:
         return {"result": False, "error": errors[master]}
-    done = answers[master]
-    return {
-        "result": bool(not done.get("installed") or done.get("reloaded")),
-        "current": False,
-        "installed": bool(done.get("installed")),
-        "reloaded": bool(done.get("reloaded")),
-    }
+    return multimaster_cluster.aes_result(answers[master])
 
 
 def share_cluster_aes(masters=None, test=False, timeout=60):
@@ -1948,16 +1892,13 @@ def share_cluster_aes(masters=None, test=False, timeout=60):
     """
     try:
         section, targets = _cluster_section(masters, "the cluster AES key exists")
-        key, own = multimaster_cluster.read_aes(__opts__)
-        if key is None:
-            raise Refused(
-                f"no cluster AES key at {multimaster_cluster.aes_path(__opts__)}: this "
-                "salt-master has not started as a cluster master yet"
-            )
+        key, own = multimaster_cluster.own_aes(__opts__)
     except SaltInvocationError as exc:
         return _refused(exc)
     peers = [m for m in targets if m != _this_master(section)]
-    answers, errors = _call(section, peers, "cluster_aes_info", {}, timeout, _aes_info_check)
+    answers, errors = _call(
+        section, peers, "cluster_aes_info", {}, timeout, multimaster_cluster.aes_info_check
+    )
     report = {m: {"result": False, "error": errors[m]} for m in peers if m in errors}
     for master in peers:
         if master in answers:
@@ -2001,35 +1942,13 @@ def cluster_aes_rotated(timeout=60):
         return share_cluster_aes(timeout=timeout)
 
 
-# Salt 3008.3's Raft leader appends nothing when elected and commits only entries of its own
-# term, so after a restart that ends in an election (every master restarted, or a restarted
-# master winning) the CONFIG entries naming the voters are never applied again: the restarted
-# masters never mark themselves ready (``<cachedir>/health/ready``) and defer minion and CLI
-# requests. ``cluster.route_clear`` proposes a ROUTE entry, sending this name's writes to every
-# master (what an unrouted name gets anyway); Salt carries it to whichever master leads, and
-# once it commits the older entries apply with it. Each proposal is one small entry in every
-# master's Raft log, and the masters that do not lead log an error for it: proposed only while
-# a master is not ready or not settled.
-READY_NUDGE_ROUTE = "multimaster"
-READY_NUDGE_INTERVAL = 5.0
-
-
 def _started_master():
     """
-    When this master's running salt-master started (epoch seconds) if it has written Salt's
-    ``startup`` sentinel since, else None. Salt clears ``<cachedir>/health`` only when a master
-    starts: a sentinel older than the process is a previous run's.
+    When this master's running salt-master started, if it wrote Salt's ``startup`` sentinel
+    since (``multimaster_cluster.started``), else None.
     """
     config_dir = os.path.dirname(__opts__.get("conf_file") or "")
-    since = multimaster_daemon.running_since(__opts__["pidfile"], "salt-master", config_dir)
-    return since if since is not None and _health_sentinel("startup", since) else None
-
-
-def _health_sentinel(name, since):
-    try:
-        return os.path.getmtime(os.path.join(__opts__["cachedir"], "health", name)) >= since
-    except OSError:
-        return False
+    return multimaster_cluster.started(__opts__["pidfile"], config_dir, __opts__["cachedir"])
 
 
 def _nudge_raft():
@@ -2037,7 +1956,7 @@ def _nudge_raft():
     Propose the no-op Raft entry (fired on this master's bus, carried to the leader), once. 1
     when the bus took it, else 0.
     """
-    if _fire_on_own_bus({"data_type": READY_NUDGE_ROUTE}, "cluster/runner/route_clear", 1):
+    if _fire_on_own_bus(*multimaster_cluster.nudge_event(), 1):
         log.info("multimaster: proposed a no-op Raft entry so that restarted masters get ready")
         return 1
     return 0
@@ -2066,9 +1985,7 @@ def cluster_ready(timeout=120, interval=1):
         salt-run multimaster.cluster_ready
     """
     try:
-        section = _section()
-        if section["mode"] != "cluster":
-            raise Refused(f"mode is {section['mode']!r}: readiness is a cluster matter")
+        multimaster_cluster.check_mode(_section(), "readiness is a cluster matter")
     except SaltInvocationError as exc:
         return _refused(exc)
     start, nudges, next_nudge = time.monotonic(), 0, 0.0
@@ -2078,8 +1995,8 @@ def cluster_ready(timeout=120, interval=1):
         # Proposed even when this master is ready: a restarted peer that won may need it.
         if since is not None and waited >= next_nudge:
             nudges += _nudge_raft()
-            next_nudge = waited + READY_NUDGE_INTERVAL
-        if since is not None and _health_sentinel("ready", since):
+            next_nudge = waited + multimaster_cluster.NUDGE_INTERVAL
+        if since is not None and multimaster_cluster.ready(__opts__["cachedir"], since):
             return _finish({"ready": True, "waited": round(waited, 1), "nudges": nudges}, False)
         if waited > float(timeout):
             return _finish(
@@ -2106,50 +2023,15 @@ def _job_cache_status(reports, reachable):
 
 def _cluster_status(section):
     """
-    Mode cluster: Salt's Raft membership as this master sees it (``cluster.members``), every
-    configured master a member (members pillar no longer lists are named, not a failure), a
-    leader elected, and the balancer's frontends and each master's publish/return ports (what
-    HAProxy's health checks probe) accepting connections.
+    Mode cluster: Salt's Raft membership as this master sees it (``cluster.members``) and the
+    ports up (``multimaster_cluster.status_report``).
     """
-    ports = section["ports"]
-    expected = [multimaster_settings.cluster_address(m) for m in section["masters"]]
     try:
         members = salt.runner.RunnerClient(__opts__).cmd("cluster.members", print_event=False)
     except Exception as exc:  # pylint: disable=broad-except
         log.warning("multimaster: cluster.members failed: %s", exc)
         members = {"error": "cluster.members failed on this master (its log has why)"}
-    if not isinstance(members, dict):
-        members = {"error": f"cluster.members returned {members!r}"}
-    known = set(members.get("voters", [])) | set(members.get("learners", []))
-    ret = {
-        "cluster": {
-            "voters": members.get("voters", []),
-            "learners": members.get("learners", []),
-            "leader": members.get("leader_id"),
-            "missing": [address for address in expected if address not in known],
-            # Salt 3008.3 cannot drop a member from its Raft: a removed master stays listed.
-            "not_configured": sorted(known - set(expected)),
-        },
-        "backends": {
-            address: {
-                name: multimaster_daemon.port_open(address, ports[name])
-                for name in ("publish", "ret")
-            }
-            for address in expected
-        },
-    }
-    if members.get("error"):
-        ret["cluster"]["error"] = members["error"]
-    balancer = (section.get("cluster") or {}).get("balancer")
-    if balancer:
-        ret["balancer"] = {
-            name: multimaster_daemon.port_open(balancer, ports[name]) for name in ("publish", "ret")
-        }
-    down = [a for a, up in ret["backends"].items() if not all(up.values())]
-    ret["backends_down"] = down
-    failed = bool(ret["cluster"]["missing"] or down or not ret["cluster"]["leader"])
-    failed = failed or "error" in ret["cluster"] or not all(ret.get("balancer", {}).values())
-    return _finish(ret, failed)
+    return _finish(*multimaster_cluster.status_report(section, members))
 
 
 def status(masters=None, timeout=30, ping_timeout=5, test=False):

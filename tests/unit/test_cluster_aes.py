@@ -125,11 +125,11 @@ def control(peer, mopts, tmp_path, monkeypatch):
 def sealed(peer, body, signer=CLUSTER_KEY):
     """The runner's side: ask for a challenge, seal ``body`` to cm2 bound to it."""
     binding = peer.cluster_aes_info()["binding"]
-    seal = peer.multimaster_seal
-    bound = seal.bind(
+    bound = peer.multimaster_seal.bind(
         binding["challenge"], binding["target"], binding["config_dir"], sender=ADDRESSES[0]
     )
-    return seal.seal(body, "cluster_aes", "cm2", pub_pem(CONTROL_KEY), priv_pem(signer), bound)
+    key, own = body.get("key"), {"stamp": body.get("stamp")}
+    return mc.aes_envelope(key, own, "cm2", pub_pem(CONTROL_KEY), priv_pem(signer), bound)
 
 
 def test_a_sealed_newer_key_is_installed_and_the_master_reloads_it(peer, mopts, control):
@@ -177,3 +177,37 @@ def test_a_stamp_that_is_not_a_time_is_refused(peer, mopts, control, stamp):
     with pytest.raises(peer.CommandExecutionError, match="is not a time"):
         peer.install_cluster_aes(sealed(peer, {"key": new_key(), "stamp": stamp}))
     assert mc.read_aes(mopts)[1]["stamp"] == 1000.0
+
+
+def test_a_peer_gets_this_master_s_key_only_when_it_holds_an_older_one():
+    own = {"stamp": 200.0, "digest": "bb"}
+    assert mc.aes_plan(dict(own), own, test=False) == {"result": True, "current": True}
+    later = {"stamp": 300.0, "digest": "aa"}
+    assert mc.aes_plan(later, own, test=False)["newer_there"] is True
+    for held in (None, {"stamp": 100.0, "digest": "ff"}):
+        assert mc.aes_plan(held, own, test=False) is None
+        assert mc.aes_plan(held, own, test=True)["would_install"] is True
+
+
+@pytest.mark.parametrize(
+    "done, result",
+    [
+        ({"installed": True, "reloaded": True}, True),
+        ({"installed": False, "reloaded": False}, True),
+        ({"installed": True, "reloaded": False}, False),
+    ],
+)
+def test_a_key_installed_but_not_reloaded_fails(done, result):
+    assert mc.aes_result(done) == dict(done, result=result, current=False)
+
+
+@pytest.mark.parametrize("held", [{"stamp": "1", "digest": "aa"}, {"stamp": 1.0}, {}])
+def test_a_peer_s_aes_answer_that_is_not_a_stamp_and_digest_is_refused(held):
+    assert mc.aes_info_check({"held": None})["held"] is None
+    with pytest.raises(ValueError, match="not a stamp and a digest"):
+        mc.aes_info_check({"held": held})
+
+
+def test_this_master_without_a_key_refuses_to_share(mopts):
+    with pytest.raises(mc.ClusterRefused, match="has not started as a cluster master yet"):
+        mc.own_aes(mopts)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import multimaster_cluster as mc
 import multimaster_haproxy as mh
 import multimaster_settings as ms
 import pytest
@@ -211,3 +212,25 @@ def test_cluster_options_keep_their_types_through_salts_master_config(defaults):
     for key, value in config.items():
         assert opts[key] == value, key
     assert opts["cluster_peers"] == HOSTS[1:]
+
+
+def test_status_fails_on_a_missing_member_a_closed_port_or_no_leader(monkeypatch):
+    section = {
+        "mode": "cluster",
+        "ports": {"publish": 4505, "ret": 4506},
+        "masters": [{"id": host, "host": host} for host in HOSTS],
+        "cluster": {"balancer": "10.0.3.10"},
+    }
+    closed = {(HOSTS[2], 4506)}
+    monkeypatch.setattr(mc.multimaster_daemon, "port_open", lambda a, p: (a, p) not in closed)
+    members = {"voters": HOSTS[:2] + ["10.0.3.99"], "learners": [], "leader_id": HOSTS[0]}
+    ret, failed = mc.status_report(section, members)
+    assert failed and ret["cluster"]["missing"] == [HOSTS[2]]
+    assert ret["cluster"]["not_configured"] == ["10.0.3.99"]
+    assert ret["backends_down"] == [HOSTS[2]] and all(ret["balancer"].values())
+    closed.clear()
+    members["voters"] = HOSTS
+    assert mc.status_report(section, members)[1] is False
+    assert mc.status_report(section, dict(members, leader_id=None))[1] is True
+    ret, failed = mc.status_report(section, "no such runner")
+    assert failed and ret["cluster"]["error"] == "cluster.members returned 'no such runner'"

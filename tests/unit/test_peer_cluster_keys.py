@@ -10,6 +10,7 @@ import os
 import pathlib
 import stat
 
+import multimaster_cluster as mc
 import pytest
 
 from .helpers import cluster_section, load_module
@@ -71,9 +72,10 @@ def cluster_master(peer, dirs, monkeypatch):
 def signed(peer, keys, signer=CLUSTER_KEY):
     """The runner's side: ask for a challenge, sign ``keys`` bound to it."""
     binding = peer.cluster_peer_keys()["binding"]
-    seal = peer.multimaster_seal
-    bound = seal.bind(binding["challenge"], binding["target"], binding["config_dir"])
-    return seal.order({"keys": keys}, "cluster_peer_keys", "cm4", priv_pem(signer), bound)
+    bound = peer.multimaster_seal.bind(
+        binding["challenge"], binding["target"], binding["config_dir"]
+    )
+    return mc.peer_keys_order(keys, "cm4", priv_pem(signer), bound)
 
 
 def held(dirs):
@@ -139,3 +141,36 @@ def test_a_master_outside_cluster_mode_refuses(peer, monkeypatch):
     )
     with pytest.raises(peer.CommandExecutionError, match="not a cluster master"):
         peer.cluster_peer_keys()
+
+
+def test_the_runner_sends_only_missing_keys_and_names_conflicts_it_never_replaces():
+    keys = {a: PEER_KEYS[a] for a in ADDRESSES[:3]}
+    held = {OWN: "fp-own", ADDRESSES[0]: "forged-fp"}
+    missing, report = mc.peer_keys_plan(ADDRESSES[2], held, keys)
+    assert missing == {ADDRESSES[1]: PEER_KEYS[ADDRESSES[1]]}
+    assert report == {"missing": [ADDRESSES[1]], "conflicts": [ADDRESSES[0]]}
+    done = {"written": [ADDRESSES[1]], "conflicts": {ADDRESSES[3]: {}}}
+    assert mc.peer_keys_result(report, done) == {
+        "missing": [ADDRESSES[1]],
+        "conflicts": [ADDRESSES[0], ADDRESSES[3]],
+        "written": [ADDRESSES[1]],
+        "result": False,
+    }
+
+
+def test_keys_missing_or_invalid_on_this_master_are_named(tmp_path):
+    peers = tmp_path / "peers"
+    peers.mkdir()
+    (peers / f"{ADDRESSES[0]}.pub").write_text(PEER_KEYS[ADDRESSES[0]])
+    (peers / f"{ADDRESSES[1]}.pub").write_text("not a key")
+    keys, missing = mc.own_peer_keys(SECTION, str(tmp_path))
+    assert keys == {ADDRESSES[0]: PEER_KEYS[ADDRESSES[0]]}
+    assert missing == list(ADDRESSES[1:])
+
+
+def test_targets_are_masters_of_a_cluster_set_only():
+    assert mc.targets(SECTION, []) == [m["id"] for m in SECTION["masters"]]
+    with pytest.raises(mc.ClusterRefused, match=r"masters=\['nope'\]: not in multimaster:masters"):
+        mc.targets(SECTION, [ADDRESSES[0], "nope"])
+    with pytest.raises(mc.ClusterRefused, match="mode is 'hot': peer keys"):
+        mc.check_mode(dict(SECTION, mode="hot"), "peer keys exist in mode cluster only")
