@@ -163,7 +163,7 @@ def test_kill_9_mid_apply_then_rerun_converges(cluster):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline, killed = time.monotonic() + 300, False
+    deadline, killed, jobs = time.monotonic() + 300, False, []
     try:
         while time.monotonic() < deadline and runner.poll() is None:
             # A fresh cache each time: a loaded mmap_key keeps the index it mapped.
@@ -184,6 +184,10 @@ def test_kill_9_mid_apply_then_rerun_converges(cluster):
             runner.kill()
         runner.wait(timeout=30)
     assert killed, "the run finished before master2 started writing"
+    assert jobs, "no job of master2's control minion was running to kill"
+    # Killed mid-write: master2 holds some of the keys, not all of them.
+    held = sum(1 for key in key_cache(peer).list("keys") if key.startswith("kmm-kill-"))
+    assert 0 < held < BULK, f"master2 held {held} of {BULK} keys after the kill"
     ret = cluster.run("sync_keys")
     assert ret.returncode == 0, ret
     assert set(ids) <= set(assert_identical(cluster)["minions"])
