@@ -1,10 +1,10 @@
 """
 Separate hosts on one machine, made from Linux namespaces: each host has its own network
 namespace (one address on a private bridge this module creates, nothing routed beyond it), its
-own mount namespace (private ``/etc/salt``, ``/var/cache/salt``, ``/var/log/salt``, ``/srv``,
-``/run`` and ``/etc/hosts``) and its own UTS namespace (hostname). Salt runs there on
-its default paths and ports, started as ``salt-master -d`` / ``salt-minion -d``: no init system
-(docs/development.md says why).
+own mount namespace (private ``/etc/salt``, ``/etc/haproxy``, ``/var/cache/salt``,
+``/var/log/salt``, ``/srv``, ``/run`` and ``/etc/hosts``) and its own UTS namespace
+(hostname). Salt runs there on its default paths and ports, started as ``salt-master -d`` /
+``salt-minion -d``: no init system (docs/development.md says why).
 
 Everything a ``HostSet`` makes is named with its ``prefix`` and removed by ``down()`` (and by
 the next ``up()`` after a run that was killed): processes, namespaces, veth pairs, the bridge,
@@ -34,7 +34,7 @@ STATE_DIR = pathlib.Path("/var/tmp/multimaster-hosts")
 # Namespace handles (bind-mounted nsfs files) need a mount with private propagation.
 HANDLES = pathlib.Path("/run/multimaster-hosts")
 # Not /root: the interpreter running Salt may live there (pyenv).
-PRIVATE_DIRS = ("/etc/salt", "/var/cache/salt", "/var/log/salt", "/srv", "/run")
+PRIVATE_DIRS = ("/etc/salt", "/etc/haproxy", "/var/cache/salt", "/var/log/salt", "/srv", "/run")
 PREFIX_LEN = 4
 # A stand-in for the service manager of a host with no init: `systemctl start|stop|restart
 # salt-master|salt-minion` does what the unit would, by Salt's default pidfile.

@@ -1,7 +1,8 @@
 """
 The docs' shell walk-throughs as data: each ``sh`` block of a section of a page (README.md or a
-page under docs/), with the host it runs on (its first line, ``# on <host>: ...`` or
-``# on every host: ...``), so that the tests run exactly what the docs print.
+page under docs/), with the host it runs on (its first line, ``# on <host>: ...``,
+``# on <host>, <host>: ...`` for the same script on each in turn, or ``# on every host: ...``),
+so that the tests run exactly what the docs print.
 """
 
 import dataclasses
@@ -10,13 +11,20 @@ import re
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 _BLOCK = re.compile(r"^```sh\n(.*?)^```$", re.S | re.M)
-_ON = re.compile(r"^# on (every host|[A-Za-z0-9_.-]+)\b")
+_ON = re.compile(r"^# on (every host|[A-Za-z0-9_.-]+(?:, [A-Za-z0-9_.-]+)*)(?=:)")
 
 
 @dataclasses.dataclass
 class Block:
-    host: str  # a host name, or "every host"
+    host: str  # a host name, names joined by ", ", or "every host"
     script: str
+
+    @property
+    def hosts(self):
+        """
+        The hosts the block runs on, in order (``["every host"]`` for the bootstrap block).
+        """
+        return self.host.split(", ")
 
 
 def section(title, page="README.md"):
