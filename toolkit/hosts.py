@@ -4,7 +4,7 @@ namespace (one address on a private bridge this module creates, nothing routed b
 own mount namespace (private ``/etc/salt``, ``/var/cache/salt``, ``/var/log/salt``, ``/srv``,
 ``/run`` and ``/etc/hosts``) and its own UTS namespace (hostname). Salt runs there on
 its default paths and ports, started as ``salt-master -d`` / ``salt-minion -d``: no init system
-(docs/development.md says why).
+(docs/development.md says why; ``toolkit/sdhosts.py`` makes hosts that boot systemd).
 
 Everything a ``HostSet`` makes is named with its ``prefix`` and removed by ``down()`` (and by
 the next ``up()`` after a run that was killed): processes, namespaces, veth pairs, the bridge,
