@@ -206,7 +206,9 @@ def _pid_alive(pid):
 
 def systemd_service_of(pid, service):
     """
-    ``service`` when ``pid`` is that systemd unit's main process, else None.
+    ``service`` when ``pid`` is that systemd unit's main process, or a child of it: a
+    salt-minion's pidfile names the minion process its keepalive parent (the unit's main
+    process) forks. Else None.
     """
     if not os.path.isdir("/run/systemd/system") or not shutil.which("systemctl"):
         return None
@@ -220,7 +222,14 @@ def systemd_service_of(pid, service):
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-    return service if out == str(pid) else None
+    if not out.isdigit() or out == "0":
+        return None
+    if out == str(pid):
+        return service
+    try:
+        return service if psutil.Process(pid).ppid() == int(out) else None
+    except psutil.Error:
+        return None
 
 
 # --- what to run -----------------------------------------------------------------------------

@@ -4,7 +4,8 @@ namespace (one address on a private bridge this module creates, nothing routed b
 own mount namespace (private ``/etc/salt``, ``/etc/haproxy``, ``/var/cache/salt``,
 ``/var/log/salt``, ``/srv``, ``/run`` and ``/etc/hosts``) and its own UTS namespace
 (hostname). Salt runs there on its default paths and ports, started as ``salt-master -d`` /
-``salt-minion -d``: no init system (docs/development.md says why).
+``salt-minion -d``: no init system (docs/development.md says why; ``toolkit/sdhosts.py`` makes
+hosts that boot systemd).
 
 Everything a ``HostSet`` makes is named with its ``prefix`` and removed by ``down()`` (and by
 the next ``up()`` after a run that was killed): processes, namespaces, veth pairs, the bridge,
@@ -175,6 +176,12 @@ class Host:
         """
         _kill(self.pids(), timeout)
 
+    def start_command(self, daemon):
+        """
+        How the packages start ``daemon`` (``salt-master``, ``salt-minion``) on this host.
+        """
+        return f"{daemon} -d"
+
     def log(self, name, tail=80):
         """
         The last ``tail`` lines of ``/var/log/salt/<name>`` on this host.
@@ -224,6 +231,33 @@ class HostSet:
             self._make(host)
 
     def _make(self, host):
+        self._network(host)
+        self._directories(host)
+        bindir = host.root / "bin"
+        bindir.mkdir()
+        (bindir / "systemctl").write_text(SYSTEMCTL)
+        (bindir / "systemctl").chmod(0o755)
+        handles = host.handles
+        for kind in ("mnt", "uts"):
+            pathlib.Path(f"{handles}.{kind}").touch()
+        binds = [f"mount --bind {host.path(p)} {p}" for p in (*PRIVATE_DIRS, "/etc/hosts")]
+        _run(
+            [
+                "unshare",
+                f"--mount={handles}.mnt",
+                f"--uts={handles}.uts",
+                "--propagation",
+                "private",
+                "sh",
+                "-ec",
+                "; ".join([f"hostname {host.name}", *binds]),
+            ]
+        )
+
+    def _network(self, host):
+        """
+        The host's network namespace, its end of a veth pair on the bridge, its address.
+        """
         _run(["ip", "netns", "add", host.netns])
         _run(
             [
@@ -245,31 +279,16 @@ class HostSet:
         _run([*inside, "addr", "add", f"{host.address}/24", "dev", "eth0"])
         _run([*inside, "link", "set", "eth0", "up"])
         _run([*inside, "link", "set", "lo", "up"])
+
+    def _directories(self, host):
+        """
+        The host's private directories on the machine's disk, and its ``/etc/hosts``.
+        """
         shutil.rmtree(host.root, ignore_errors=True)
         for private in PRIVATE_DIRS:
             host.path(private).mkdir(parents=True, exist_ok=True)
             pathlib.Path(private).mkdir(parents=True, exist_ok=True)
         host.path("/etc/hosts").write_text(self._hosts_file())
-        bindir = host.root / "bin"
-        bindir.mkdir()
-        (bindir / "systemctl").write_text(SYSTEMCTL)
-        (bindir / "systemctl").chmod(0o755)
-        handles = host.handles
-        for kind in ("mnt", "uts"):
-            pathlib.Path(f"{handles}.{kind}").touch()
-        binds = [f"mount --bind {host.path(p)} {p}" for p in (*PRIVATE_DIRS, "/etc/hosts")]
-        _run(
-            [
-                "unshare",
-                f"--mount={handles}.mnt",
-                f"--uts={handles}.uts",
-                "--propagation",
-                "private",
-                "sh",
-                "-ec",
-                "; ".join([f"hostname {host.name}", *binds]),
-            ]
-        )
 
     def _hosts_file(self):
         lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
@@ -385,8 +404,8 @@ def bootstrap(host, master_address, master=False, ship_config=True):
         path = host.path(inside)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    daemons = ["salt-master -d"] if master else []
-    host.sh("; ".join([*daemons, "salt-minion -d"]))
+    daemons = ["salt-master"] if master else []
+    host.sh("; ".join(host.start_command(d) for d in [*daemons, "salt-minion"]))
 
 
 def formula_git():

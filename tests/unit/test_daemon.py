@@ -446,6 +446,27 @@ def test_systemd_service_of_a_non_service_process(child):
     assert multimaster_daemon.systemd_service_of(proc.pid, "salt-minion") is None
 
 
+@pytest.mark.parametrize("main", ["self", "parent", "other", "0"])
+def test_systemd_service_of_a_unit_main_process_or_its_child(monkeypatch, tmp_path, main):
+    # A salt-minion unit's main process is the keepalive parent; the pidfile names its child.
+    (tmp_path / "run" / "systemd" / "system").mkdir(parents=True)
+    real_isdir = os.path.isdir
+    monkeypatch.setattr(
+        multimaster_daemon.os.path,
+        "isdir",
+        lambda p: real_isdir(str(tmp_path) + p) if p == "/run/systemd/system" else real_isdir(p),
+    )
+    monkeypatch.setattr(multimaster_daemon.shutil, "which", lambda _: "/usr/bin/systemctl")
+    value = {"self": os.getpid(), "parent": os.getppid(), "other": 1, "0": 0}[main]
+    monkeypatch.setattr(
+        multimaster_daemon.subprocess,
+        "run",
+        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=f"{value}\n"),
+    )
+    found = multimaster_daemon.systemd_service_of(os.getpid(), "salt-minion")
+    assert found == ("salt-minion" if main in ("self", "parent") else None)
+
+
 def test_running_since_is_none_without_a_running_daemon(tmp_path):
     assert multimaster_daemon.running_since(str(tmp_path / "none.pid"), "salt-master", "/") is None
     (tmp_path / "stale.pid").write_text("999999999")
