@@ -11,10 +11,13 @@ from toolkit import hosts as nshosts
 @pytest.fixture(scope="module")
 def host_set(request):
     """
-    The module's ``HOSTS`` (name -> address) as separate hosts, removed after the module; on
-    a failure the daemons' logs are printed first.
+    The module's ``HOSTS`` (name -> address) as separate hosts (named with its ``PREFIX``, default
+    ``mm``), removed after the module; on a failure the daemons' logs are printed first.
     """
-    hosts = nshosts.HostSet([nshosts.Host(n, a) for n, a in request.module.HOSTS.items()])
+    prefix = getattr(request.module, "PREFIX", "mm")
+    hosts = nshosts.HostSet(
+        [nshosts.Host(n, a) for n, a in request.module.HOSTS.items()], prefix=prefix
+    )
     hosts.up()
     yield hosts
     for host in hosts:

@@ -12,6 +12,8 @@ from tests.support import walkthrough
 from toolkit import hosts as nshosts
 
 SECTION = "On real hosts: a cluster from bare machines"
+# Hosts, bridge and directories of their own: the modules after this one reuse host names.
+PREFIX = "mc"
 PAGE = "docs/cluster.md"
 HOSTS = {
     "salt1": "10.0.3.21",

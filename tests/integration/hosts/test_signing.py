@@ -118,12 +118,17 @@ def answers(master, minion, timeout=3):
     return f"{minion}: True" in out
 
 
+def master2_config_file(host_set):
+    return host_set["master2"].path("/etc/salt/master").exists()
+
+
 @pytest.fixture(scope="module")
 def signing_set(host_set):
     """
     The hosts bootstrapped with signing, the formula cloned into master1's roots and synced,
     ``multimaster.master`` applied to both masters: master1 and master2 each sign their own
-    master key, master2 with a signing pair of its own.
+    master key, master2 with a signing pair of its own. master2 is a pip install, with no
+    ``/etc/salt/master`` file.
     """
     master1 = host_set["master1"]
     # The signing pair, made on master1 before its first start.
@@ -144,7 +149,15 @@ def signing_set(host_set):
         host.path("/etc/salt/minion.d/signing.conf").write_text(conf)
         host.path(MINION_PKI).mkdir(parents=True, exist_ok=True)
         host.path(f"{MINION_PKI}/master_sign.pub").write_text(sign_pub)
-        nshosts.bootstrap(host, PRIMARY, master=host.name.startswith("master"))
+        # master2 is a pip install: no /etc/salt/master or minion file at all, Salt's defaults
+        # plus the .d directories (every peer call there loads the config as Salt does).
+        nshosts.bootstrap(
+            host,
+            PRIMARY,
+            master=host.name.startswith("master"),
+            ship_config=host.name != "master2",
+        )
+    assert not master2_config_file(host_set)
     master1.path("/srv/pillar").mkdir(parents=True, exist_ok=True)
     master1.path("/srv/pillar/top.sls").write_text("base:\n  '*': [multimaster]\n")
     master1.path("/srv/pillar/multimaster.sls").write_text(_pillar(sign_pub))

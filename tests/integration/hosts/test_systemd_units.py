@@ -16,6 +16,7 @@ from toolkit import sdhosts
 
 HOSTS = {"master1": "10.0.9.61", "master2": "10.0.9.62", "minion1": "10.0.9.71"}
 PRIMARY = "10.0.9.61"
+EVERY_MINION = ["master1", "master2", "minion1"]
 PILLAR = """\
 multimaster:
   mode: failover
@@ -123,7 +124,7 @@ def test_the_units_run_the_bootstrapped_daemons(hosts):
     for host in hosts:
         assert _unit(host, "salt-minion")[0] == "active"
     hosts["master1"].sh(PREPARE, env={"FORMULA_GIT": nshosts.formula_git()}, timeout=600)
-    assert _answers(hosts["master1"]) == ["master1", "master2", "minion1"]
+    hosts.wait("every minion answering", lambda: _answers(hosts["master1"]) == EVERY_MINION, 120)
 
 
 def test_the_master_state_restarts_salt_master_through_its_unit(hosts):
@@ -132,7 +133,7 @@ def test_the_master_state_restarts_salt_master_through_its_unit(hosts):
     hosts["master1"].sh("salt 'master*' state.apply multimaster.master", timeout=600)
     for master in masters:
         _restarted(hosts, master, "salt-master", before[master.name])
-    hosts.wait("every minion answering", lambda: len(_answers(hosts["master1"])) == 3, 120)
+    hosts.wait("every minion answering", lambda: _answers(hosts["master1"]) == EVERY_MINION, 120)
 
 
 def test_sync_master_key_restarts_the_other_master_through_its_unit(hosts):
@@ -155,7 +156,7 @@ def test_the_minion_state_restarts_salt_minion_through_its_unit(hosts):
     primary.sh("salt-run multimaster.wait_minions", timeout=600)
     for host in hosts:
         _restarted(hosts, host, "salt-minion", before[host.name])
-    assert _answers(primary) == ["master1", "master2", "minion1"]
+    hosts.wait("every minion answering", lambda: _answers(primary) == EVERY_MINION, 120)
 
 
 def test_stop_master_stops_the_unit(hosts):
