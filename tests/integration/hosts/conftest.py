@@ -24,3 +24,20 @@ def host_set(request):
         for log in ("master", "minion"):
             print(f"--- {host.name} /var/log/salt/{log}\n{host.log(log, tail=40)}")
     hosts.down()
+
+
+def pytest_collection_modifyitems(items):
+    """
+    The cluster walk-through runs after the other modules of this directory: run before it,
+    ``test_grow.py`` fails (its master1 logs no reactor error before the runners are synced, and
+    its orchestration finds the execution module missing after ``saltutil.sync_all``), even
+    with a host prefix of its own. The cause is not found yet; alone or first it passes.
+    """
+    here = [i for i, item in enumerate(items) if "integration/hosts/" in item.nodeid]
+    if not here:
+        return
+    block = [items[i] for i in here]
+    last = [item for item in block if "test_cluster_walkthrough" in item.nodeid]
+    ordered = [item for item in block if item not in last] + last
+    for i, item in zip(here, ordered, strict=True):
+        items[i] = item
