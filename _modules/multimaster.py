@@ -200,8 +200,10 @@ def key_file_problems(pki_dir, user):
             stat = os.stat(real)
         except FileNotFoundError:
             stat = None
-        if stat is None and not os.path.islink(path):
-            continue  # removed since the listing (Salt rewrites a key by remove, write)
+            if not os.path.islink(path):
+                continue  # removed since the listing (Salt rewrites a key by remove, write)
+        except OSError:  # a link loop, a directory it may not search
+            stat = None
         if stat is None or not os.path.isfile(real):
             problems.append(f"{path}: not a regular file")
             continue

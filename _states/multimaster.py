@@ -154,8 +154,9 @@ def mod_watch(name, sfun=None, service=None, delay=0, **kwargs):
 
 def master_key_files_secure(name, pki_dir, user):
     """
-    Fail, naming each file, when master key files in ``pki_dir`` are not regular files with mode
-    0400 (private) owned by ``user``. Only reports: moving keys is ``sync_master_key``'s job.
+    Fail, naming each file, when master key files in ``pki_dir`` are not regular files owned by
+    ``user``, or a private one gives anyone else access (0400 is what Salt and the formula
+    write). Only reports: moving keys is ``sync_master_key``'s job.
 
     name
         Anything; shown in the state output.

@@ -269,6 +269,12 @@ def test_a_key_salt_left_at_0200_reveals_nothing_and_is_not_reported(mod, pki):
     assert mod.key_file_problems(str(pki), me()) == []
 
 
+def test_a_link_loop_is_not_a_regular_file(mod, pki):
+    os.unlink(pki / "master.pem")
+    os.symlink("master.pem", pki / "master.pem")
+    assert mod.key_file_problems(str(pki), me()) == [f"{pki / 'master.pem'}: not a regular file"]
+
+
 def test_a_key_removed_since_the_listing_is_not_reported(mod, pki, monkeypatch):
     (pki / "master_sign.pem").write_text("key")
     listdir = os.listdir
