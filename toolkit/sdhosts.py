@@ -441,20 +441,26 @@ class SystemdHostSet(nshosts.HostSet):
         )
 
     def down(self):
-        # Each init first (SIGKILL: its PID namespace ends with it), then the rest as always.
-        for name, proc in getattr(self, "_inits", {}).items():
-            host = self.hosts[name]
-            if host.init_pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(host.init_pid, signal.SIGKILL)
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=30)
-            host.init_pid = 0
-        super().down()
-        parent = cgroup_parent()
-        for cgroup in sorted(parent.glob(f"multimaster-{self.prefix}-*")):
-            _remove_cgroup(cgroup)
+        # Each init first (SIGKILL: its PID namespace ends with it), then the rest as always;
+        # whatever fails on the way, the namespaces, links and cgroups still go.
+        try:
+            for name, proc in getattr(self, "_inits", {}).items():
+                host = self.hosts[name]
+                # Only while its launcher lives: a pid of an init that died may be reused.
+                if host.init_pid and proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(host.init_pid, signal.SIGKILL)
+                if proc.poll() is None:
+                    proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=30)
+                host.init_pid = 0
+        finally:
+            super().down()
+            parent = cgroup_parent()
+            for cgroup in sorted(parent.glob(f"multimaster-{self.prefix}-*")):
+                with contextlib.suppress(OSError):
+                    _remove_cgroup(cgroup)
 
 
 def _remove_cgroup(path, timeout=10):

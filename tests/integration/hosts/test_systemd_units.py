@@ -59,14 +59,16 @@ def hosts():
         hosts.up()
         yield hosts
     finally:
-        for host in hosts:
-            if host.init_pid:
-                journal = host.sh("journalctl -b --no-pager | tail -n 40", check=False)
-                print(f"--- {host.name} journal\n{journal.stdout}")
-            print(f"--- {host.name} systemd\n{host.log('systemd', tail=20)}")
-            for log in ("master", "minion"):
-                print(f"--- {host.name} /var/log/salt/{log}\n{host.log(log, tail=40)}")
-        hosts.down()
+        try:
+            for host in hosts:
+                if host.init_pid:
+                    journal = host.sh("journalctl -b --no-pager | tail -n 40", check=False)
+                    print(f"--- {host.name} journal\n{journal.stdout}")
+                print(f"--- {host.name} systemd\n{host.log('systemd', tail=20)}")
+                for log in ("master", "minion"):
+                    print(f"--- {host.name} /var/log/salt/{log}\n{host.log(log, tail=40)}")
+        finally:
+            hosts.down()
 
 
 def _unit(host, unit):
