@@ -32,15 +32,16 @@ from salt.exceptions import SaltClientError, SaltInvocationError
 
 try:
     import multimaster_cluster
+    import multimaster_control
     import multimaster_daemon
     import multimaster_ids
     import multimaster_keys
     import multimaster_keystore
     import multimaster_reactor
-    import multimaster_returns
     import multimaster_roots
     import multimaster_seal
     import multimaster_settings
+    import multimaster_settle
     import multimaster_transport
 
     HAS_UTILS = True
@@ -65,262 +66,74 @@ def __virtual__():
 # --- plumbing --------------------------------------------------------------------------------
 
 
-class Refused(SaltInvocationError):
-    """
-    Bad input or an unsafe situation: nothing was changed.
-    """
+Refused = multimaster_control.Refused
 
 
-def _on_disk():
+def _run():
     """
-    This master's options as its config on disk says now: an orchestration re-renders
-    ``master.d`` (``multimaster.master``) between its runner steps, and the opts this process
-    started with would still hold the old set and roots.
+    This call's ``Run``: this master's opts, the runner's context and its progress events.
     """
-    conf_file = __opts__.get("conf_file")
-    if conf_file and os.path.isfile(conf_file):
-        return salt.config.master_config(conf_file)
-    return __opts__
+    return multimaster_control.Run(__opts__, __context__, globals().get("__jid_event__"))
 
 
 def _section(opts=None):
-    if not multimaster_transport.ids_signed(__opts__):
-        # Every control minion's answer and pull is trusted by its minion id.
-        raise Refused(
-            multimaster_transport.UNSIGNED_IDS.format(__opts__.get("minimum_auth_version"))
-        )
-    section = dict((opts or _on_disk()).get("multimaster") or {})
-    if not section.get("masters"):
-        raise Refused(
-            "multimaster:masters is not in this master's config: apply the multimaster.master "
-            "state to this master's control minion"
-        )
-    return multimaster_settings.check_section(section)
+    return multimaster_control.section(_run(), opts)
+
+
+def _on_disk():
+    return multimaster_control.on_disk(_run())
 
 
 def _configured(masters, what):
-    """
-    This master's own section, refusing ``masters=``: the set, its order and so its primary (the
-    first entry, whose keys are the authority) come only from this master's config.
-    """
-    if masters is not None:
-        raise Refused(
-            f"masters= is not accepted by {what}: got {multimaster_keys.shown(masters)}; the "
-            "masters, their order and the primary (the first) come only from multimaster:masters "
-            "in this master's own config: change them in pillar and apply multimaster.master"
-        )
-    return _section()
-
-
-def _addressable(section, what):
-    """
-    ``section``, unless its masters are a cluster: there a control minion's pull reaches
-    whichever master the balancer picks, not the one that staged the transfer.
-    """
-    if section["mode"] == "cluster":
-        raise Refused(
-            f"{what} is for hot and failover sets: in mode cluster no single master can be "
-            "addressed behind the balancer, and Salt's cluster shares keys itself (see "
-            "docs/cluster.md in the formula)"
-        )
-    return section
+    return multimaster_control.configured(_run(), masters, what)
 
 
 def _progress(message):
-    log.info("multimaster: %s", message)
-    try:
-        __jid_event__.fire_event({"message": message}, "progress")
-    except (NameError, AttributeError):
-        pass
+    _run().progress(message)
 
 
 def _finish(ret, failed):
-    ret["retcode"] = 1 if failed else 0
-    if failed:
-        __context__["retcode"] = 1
-    return ret
+    return multimaster_control.finish(_run(), ret, failed)
 
 
 def _refused(exc):
-    # Salt's runner client turns a SaltInvocationError (a TypeError) into a "Passed invalid
-    # arguments" string and salt-run exits 0: refuse bad input with a report and retcode 1.
-    return _finish({"comment": f"Refused, nothing changed: {exc}"}, True)
-
-
-def _ids(section):
-    return [m["id"] for m in section["masters"]]
-
-
-def _id_list(value, name):
-    """
-    ``value`` (None, a comma-separated string or a list of strings) as a list of ids.
-    """
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return list(value)
-    raise Refused(f"{name}: got {value!r}; expected a master id or a list of master ids")
+    return multimaster_control.refused(_run(), exc)
 
 
 def _this_master(section):
-    """
-    The id of this master's entry in ``section``, or None. Salt names a master
-    ``<hostname>_master`` unless its config sets ``id``, so that name matches entry ``<hostname>``.
-    """
-    here = __opts__.get("id") or ""
-    for candidate in (here, here.removesuffix("_master")):
-        if candidate in _ids(section):
-            return candidate
-    return None
-
-
-def _by_id(section):
-    return {m["id"]: m for m in section["masters"]}
+    return multimaster_control.this_master(_run(), section)
 
 
 def _call(section, masters, fun, kwarg, timeout, check=None):
-    """
-    Run ``multimaster_peer.<fun>`` on the control minions of ``masters``; ``(answers, errors)``
-    keyed by master id. Each answer must be signed by its control minion for a nonce fresh to
-    this publish (a return's minion id proves nothing: see ``multimaster_returns``);
-    ``check(answer)`` then validates (and may normalise) it: a peer's return is never trusted
-    as it comes.
-    """
-    by_minion = {m["minion_id"]: m["id"] for m in section["masters"] if m["id"] in masters}
-    nonce = os.urandom(32).hex()
-    start = time.monotonic()
-    with salt.client.get_local_client(__opts__["conf_file"]) as client:
-        returns = multimaster_returns.cmd_returns(
-            client,
-            list(by_minion),
-            f"{PEER}.{fun}",
-            kwarg={**(kwarg or {}), "answer_nonce": nonce},
-            timeout=timeout,
-        )
-    # A recipient that pulled a transfer during this call has returned: its last pull's job
-    # (the last chunk) leaves the job cache.
-    multimaster_transport.settle(__opts__)
-    log.info("multimaster: %s on %s: %.2fs", fun, sorted(masters), time.monotonic() - start)
-    answers, errors = {}, {}
-    for minion_id, master_id in by_minion.items():
-        try:
-            answers[master_id] = _answer(
-                returns.get(minion_id), fun, master_id, minion_id, nonce, check
-            )
-        except multimaster_returns.AnswerRefused as exc:
-            errors[master_id] = str(exc)
-    return answers, errors
-
-
-def _answer(ret, fun, master_id, minion_id, nonce, check):
-    """
-    The answer of ``minion_id`` (the control minion of ``master_id``) in its return ``ret``,
-    signed by it for ``nonce`` and passed through ``check``; raises ``AnswerRefused``.
-    """
-    if not isinstance(ret, dict) or "ret" not in ret:
-        raise multimaster_returns.AnswerRefused(f"control minion {minion_id} did not answer")
-    answer, failed = multimaster_returns.signed_answer(
-        ret, fun, master_id, minion_id, nonce, _control_key(master_id, minion_id)
-    )
-    if failed:
-        raise multimaster_returns.AnswerRefused(_peer_error(fun, minion_id, str(answer)))
-    if not isinstance(answer, dict):
-        raise multimaster_returns.AnswerRefused(
-            f"{fun} on {minion_id}: malformed return ({type(answer)})"
-        )
-    if answer.get("alive") is False:
-        raise multimaster_returns.AnswerRefused(
-            f"salt-master on {master_id} is not running; left untouched"
-        )
-    try:
-        return check(answer) if check else answer
-    except (ValueError, TypeError, KeyError) as exc:
-        raise multimaster_returns.AnswerRefused(
-            f"{fun} on {minion_id}: malformed return ({_reason(exc)})"
-        ) from None
-
-
-def _control_key(master_id, minion_id):
-    """
-    The public key (PEM) of ``minion_id`` as accepted on this master: what its answers must be
-    signed with. Raises ``AnswerRefused`` when it is not accepted here.
-    """
-    state, pem, _ = _primary_key_entry(minion_id)
-    if state != "accepted" or not pem:
-        raise multimaster_returns.AnswerRefused(
-            f"{master_id}: {minion_id} is not accepted on this master (its key is "
-            f"{state or 'unknown'} here), so its answer cannot be checked: nothing of it was "
-            f"used; accept it with 'salt-key -a {minion_id}' after checking its fingerprint"
-        )
-    return pem
-
-
-def _peer_error(fun, minion_id, text):
-    """
-    A control minion's refusal as it said it; a Python traceback instead becomes a sentence
-    saying where to read it.
-    """
-    if "Traceback" in text or "caused an exception" in text:
-        return (
-            f"{fun} failed on {minion_id} with an unexpected error (its traceback is in that "
-            f"host's minion log); run 'salt {minion_id} saltutil.sync_all' if the formula there "
-            "is older than on this master"
-        )
-    return text[:2000]
-
-
-def _reason(exc):
-    """
-    A check's own message (a ValueError names what is wrong); for a missing field or a wrong
-    type, a sentence instead of Python's exception text.
-    """
-    if isinstance(exc, ValueError):
-        return str(exc)
-    return "a field is missing or of the wrong type; sync the formula on both ends"
-
-
-def _binding(answer, master):
-    """
-    The challenge a peer issued, checked to name the master we asked.
-    """
-    binding = answer.get("binding")
-    if not isinstance(binding, dict) or binding.get("target") != master:
-        raise ValueError(f"no challenge bound to {master}")
-    return binding
-
-
-def _bound(binding, **extra):
-    return multimaster_seal.bind(
-        binding["challenge"], binding["target"], binding["config_dir"], **extra
-    )
+    return multimaster_control.call(_run(), section, masters, fun, kwarg, timeout, check)
 
 
 def _staged(section, master, document, fileserver=False):
-    """
-    Stage ``document`` (JSON) for ``master``'s control minion to pull from this master: the
-    publish carries only the descriptor. ``fileserver``: also served through this master's
-    file server, to that minion's authenticated id only (for a sealed document).
-    """
-    return multimaster_transport.stage(
-        __opts__,
-        _by_id(section)[master]["minion_id"],
-        salt.utils.json.dumps(document).encode(),
-        fileserver=fileserver,
-    )
+    return multimaster_control.staged(_run(), section, master, document, fileserver)
 
 
 def _signer_key():
-    """
-    This master's own private key (signs orders and envelopes; never leaves this process). In
-    a cluster the minions trust the cluster's key (``cluster.pub``), so that one signs.
-    """
-    if __opts__.get("cluster_id"):
-        path = os.path.join(__opts__["cluster_pki_dir"], "cluster.pem")
-        with salt.utils.files.fopen(path, "r") as handle:
-            return handle.read()
-    return multimaster_keystore.read_master_key(__opts__, private=True)
+    return multimaster_control.signer_key(_run())
+
+
+def _primary_key_entry(minion_id):
+    return multimaster_control.primary_key_entry(_run(), minion_id)
+
+
+def _await_restarts(section):
+    multimaster_settle.await_restarts(_run(), section)
+
+
+def _poll_settled(section, masters):
+    return multimaster_settle.poll_settled(_run(), section, masters)
+
+
+_addressable = multimaster_control.addressable
+_ids = multimaster_control.ids
+_id_list = multimaster_control.id_list
+_by_id = multimaster_control.by_id
+_binding = multimaster_control.binding
+_bound = multimaster_control.bound
 
 
 # --- minion keys -----------------------------------------------------------------------------
@@ -696,11 +509,6 @@ def delete(minion, fingerprint=None, test=False, masters=None, timeout=60):
 # --- orchestration ---------------------------------------------------------------------------
 
 
-# master_settled answers in well under a second; a control minion that is restarting does not
-# answer at all, and each poll that meets one waits this long (plus Salt's find_job round).
-SETTLED_POLL_TIMEOUT = 3
-
-
 def wait_masters(timeout=180, interval=1, skip=None):
     """
     Wait until every master is up with no restart pending: what the orchestrations run after a
@@ -849,51 +657,6 @@ def wait_minions(tgt="*", timeout=180, interval=2):
                 )
             _progress(f"{len(silent)} minions not answering yet: {', '.join(sorted(silent)[:10])}")
             time.sleep(float(interval))
-
-
-def _poll_settled(section, masters):
-    """
-    ``(answers, errors)`` of ``master_settled`` on ``masters``; while this master itself is
-    restarting nothing can be published and every master is an error.
-    """
-    try:
-        return _call(section, masters, "master_settled", {}, SETTLED_POLL_TIMEOUT)
-    except SaltClientError:
-        return {}, {m: "this master is restarting: nothing can be published yet" for m in masters}
-
-
-# A runner run right after ``multimaster.master`` meets masters restarting (3 s after that job
-# returned): it waits this long for a pending restart before it refuses.
-SETTLE_TIMEOUT = 120
-# A control minion that does not answer may be restarting, or its host may be down: wait this
-# long for it, then go on (the run then reports that master unreachable).
-SILENT_GRACE = 15
-
-
-def _await_restarts(section):
-    """
-    Wait, with progress, while a master's restart is pending or this master is restarting;
-    masters that are down are left for the run to report. Raises ``Refused`` naming the
-    masters still restarting after ``SETTLE_TIMEOUT`` seconds.
-    """
-    start = time.monotonic()
-    waiting = _ids(section)
-    while True:
-        answers, errors = _poll_settled(section, waiting)
-        waited = time.monotonic() - start
-        pending = [m for m, a in answers.items() if (a or {}).get("restart_pending")]
-        silent = [m for m in waiting if m not in answers and waited < SILENT_GRACE]
-        waiting = pending + silent
-        if not waiting:
-            return
-        if waited > SETTLE_TIMEOUT:
-            raise Refused(
-                f"a restart of {', '.join(waiting)} is still pending after {SETTLE_TIMEOUT}s "
-                f"({'; '.join(str(errors.get(m) or answers.get(m)) for m in waiting)}): "
-                "run 'salt-run multimaster.wait_masters', then run this command again"
-            )
-        _progress(f"waiting for {', '.join(waiting)} to finish restarting ({round(waited)}s)")
-        time.sleep(1)
 
 
 # --- reactors --------------------------------------------------------------------------------
@@ -1208,13 +971,6 @@ def _local_pair(signing):
         multimaster_keystore.read_master_key(__opts__, signing, private=True),
         multimaster_keystore.read_master_key(__opts__, signing),
     )
-
-
-def _primary_key_entry(minion_id):
-    """
-    ``(state, pem, denied)`` of ``minion_id`` in this master's own key store.
-    """
-    return multimaster_keystore.key_entry(__opts__, minion_id)
 
 
 def _recipient_problem(master, inventories, planning=False):

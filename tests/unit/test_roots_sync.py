@@ -15,6 +15,8 @@ import pytest
 from .helpers import HOT_PAIR, load_module
 from .keyfactory import priv_pem, pub_pem, rsa_private
 
+import multimaster_control  # noqa: E402  isort: skip
+import multimaster_returns  # noqa: E402  isort: skip
 import multimaster_transport  # noqa: E402  isort: skip
 
 PRIMARY_KEY = rsa_private(tag=20)
@@ -97,15 +99,15 @@ def hosts(tmp_path, monkeypatch):
     def cmd_returns(client, minions, fun, kwarg=None, timeout=None):
         return {m: {"ret": by_minion[m].call(fun, kwarg), "retcode": 0} for m in minions}
 
-    monkeypatch.setattr(runner.multimaster_returns, "cmd_returns", cmd_returns)
+    monkeypatch.setattr(multimaster_returns, "cmd_returns", cmd_returns)
     monkeypatch.setattr(
         runner.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext()
     )
-    monkeypatch.setattr(runner, "_signer_key", lambda: priv_pem(PRIMARY_KEY))
+    monkeypatch.setattr(multimaster_control, "signer_key", lambda run: priv_pem(PRIMARY_KEY))
     monkeypatch.setattr(
-        runner,
-        "_primary_key_entry",
-        lambda minion_id: ("accepted", pub_pem(CONTROL_KEYS[minion_id]), None),
+        multimaster_control,
+        "primary_key_entry",
+        lambda run, minion_id: ("accepted", pub_pem(CONTROL_KEYS[minion_id]), None),
     )
     for path in (primary.salt, peer.salt):
         path.mkdir()

@@ -14,8 +14,10 @@ import pytest
 from .helpers import load_module
 from .keyfactory import priv_pem, pub_pem, rsa_private
 
+import multimaster_control  # noqa: E402  isort: skip
 import multimaster_returns  # noqa: E402  isort: skip
 import multimaster_seal  # noqa: E402  isort: skip
+import multimaster_settle  # noqa: E402  isort: skip
 
 SECTION = {
     "mode": "hot",
@@ -153,7 +155,7 @@ def publish_through_cmd(runner, monkeypatch):
                 ret["ret"] = answered(ret["ret"], minion, fun, nonce)
         return returns
 
-    monkeypatch.setattr(runner.multimaster_returns, "cmd_returns", cmd_returns)
+    monkeypatch.setattr(multimaster_returns, "cmd_returns", cmd_returns)
 
 
 @pytest.fixture(autouse=True)
@@ -166,7 +168,9 @@ def control_keys(runner, monkeypatch):
         key = CONTROL_KEYS.get(minion_id)
         return ("accepted", pub_pem(key), False) if key else (None, None, False)
 
-    monkeypatch.setattr(runner, "_primary_key_entry", entry)
+    monkeypatch.setattr(
+        multimaster_control, "primary_key_entry", lambda run, minion_id: entry(minion_id)
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -175,7 +179,7 @@ def settled(runner, monkeypatch, request):
     Every master settled: the runners' wait for pending restarts is its own tests' subject.
     """
     if "restarting" not in request.fixturenames:
-        monkeypatch.setattr(runner, "_await_restarts", lambda section: None)
+        monkeypatch.setattr(multimaster_settle, "await_restarts", lambda run, found: None)
 
 
 @pytest.fixture
@@ -233,13 +237,12 @@ def test_a_runner_waits_for_a_pending_restart_before_it_acts(runner, restarting)
     assert ret["retcode"] == 0, ret
 
 
-def test_a_restart_that_stays_pending_is_refused_naming_master_and_command(runner, restarting):
+def test_a_restart_that_stays_pending_is_refused_naming_master_and_command(
+    runner, restarting, monkeypatch
+):
     calls = restarting([{"cm1": SETTLED, "cm2": PENDING}] * 3)
-    runner.SETTLE_TIMEOUT, saved = -1, runner.SETTLE_TIMEOUT
-    try:
-        ret = runner.sync_roots()
-    finally:
-        runner.SETTLE_TIMEOUT = saved
+    monkeypatch.setattr(multimaster_settle, "SETTLE_TIMEOUT", -1)
+    ret = runner.sync_roots()
     assert ret["retcode"] == 1, ret
     assert "restart of m2 is still pending" in ret["comment"], ret
     assert "salt-run multimaster.wait_masters" in ret["comment"], ret
@@ -1238,9 +1241,9 @@ def test_an_answer_not_signed_by_the_control_minion_for_this_call_is_refused(
 def test_an_answer_of_a_control_minion_not_accepted_here_is_refused(runner, use, monkeypatch):
     use({"cm1": SETTLED, "cm2": SETTLED})
     monkeypatch.setattr(
-        runner,
-        "_primary_key_entry",
-        lambda minion: (
+        multimaster_control,
+        "primary_key_entry",
+        lambda run, minion: (
             ("accepted", pub_pem(CONTROL_KEYS["cm1"]), False)
             if minion == "cm1"
             else ("pending", pub_pem(CONTROL_KEYS["cm2"]), False)
@@ -1269,7 +1272,7 @@ def test_a_forgery_that_answers_first_in_the_return_stream_is_refused(runner, mo
     ones, Salt's stream stops once every targeted id has answered, and the genuine answer of
     cm2 is never read. The runner refuses what it got instead of taking it.
     """
-    monkeypatch.setattr(runner.multimaster_returns, "cmd_returns", REAL_CMD_RETURNS)
+    monkeypatch.setattr(multimaster_returns, "cmd_returns", REAL_CMD_RETURNS)
 
     class Client:
         opts = {"master_job_cache": "local_cache"}
@@ -1320,7 +1323,7 @@ def test_each_call_carries_a_fresh_nonce(runner, monkeypatch):
         returns = client.cmd(list(minions), fun)
         return {m: {"ret": signed(r["ret"], fun, nonces[-1], m)} for m, r in returns.items()}
 
-    monkeypatch.setattr(runner.multimaster_returns, "cmd_returns", cmd_returns)
+    monkeypatch.setattr(multimaster_returns, "cmd_returns", cmd_returns)
     monkeypatch.setattr(
         runner.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(Client())
     )

@@ -1,0 +1,322 @@
+"""
+The runners' end of reaching the masters of a set: this master's own section, a call to the
+control minions and the check of every answer, staging a transfer, the key that signs orders,
+and the shape of every runner's report.
+
+Every function takes a ``Run``: this master's opts, the runner's context (where a failed run
+leaves ``retcode``) and its progress events. Nothing here reads loader dunders.
+"""
+
+import logging
+import os
+import time
+
+import multimaster_keys
+import multimaster_keystore
+import multimaster_returns
+import multimaster_seal
+import multimaster_settings
+import multimaster_transport
+import salt.client
+import salt.config
+import salt.utils.files
+import salt.utils.json
+from salt.exceptions import SaltInvocationError
+
+log = logging.getLogger(__name__)
+
+# Listed ids in a report are capped; counts are always complete.
+SHOWN = 50
+PEER = "multimaster_peer"
+
+
+class Refused(SaltInvocationError):
+    """
+    Bad input or an unsafe situation: nothing was changed.
+    """
+
+
+class Run:
+    """
+    One runner call: this master's opts, the runner's ``__context__`` and its job's event
+    (``__jid_event__``, absent outside ``salt-run``).
+    """
+
+    def __init__(self, opts, context=None, jid_event=None):
+        self.opts = opts
+        self.context = {} if context is None else context
+        self.jid_event = jid_event
+
+    def progress(self, message):
+        log.info("multimaster: %s", message)
+        if self.jid_event is not None:
+            try:
+                self.jid_event.fire_event({"message": message}, "progress")
+            except AttributeError:
+                pass
+
+
+# --- reports ---------------------------------------------------------------------------------
+
+
+def finish(run, ret, failed):
+    ret["retcode"] = 1 if failed else 0
+    if failed:
+        run.context["retcode"] = 1
+    return ret
+
+
+def refused(run, exc):
+    # Salt's runner client turns a SaltInvocationError (a TypeError) into a "Passed invalid
+    # arguments" string and salt-run exits 0: refuse bad input with a report and retcode 1.
+    return finish(run, {"comment": f"Refused, nothing changed: {exc}"}, True)
+
+
+# --- this master's section -------------------------------------------------------------------
+
+
+def on_disk(run):
+    """
+    This master's options as its config on disk says now: an orchestration re-renders
+    ``master.d`` (``multimaster.master``) between its runner steps, and the opts this process
+    started with would still hold the old set and roots.
+    """
+    conf_file = run.opts.get("conf_file")
+    if conf_file and os.path.isfile(conf_file):
+        return salt.config.master_config(conf_file)
+    return run.opts
+
+
+def section(run, opts=None):
+    """
+    The ``multimaster`` section of ``opts`` (by default this master's config on disk), checked.
+    """
+    if not multimaster_transport.ids_signed(run.opts):
+        # Every control minion's answer and pull is trusted by its minion id.
+        raise Refused(
+            multimaster_transport.UNSIGNED_IDS.format(run.opts.get("minimum_auth_version"))
+        )
+    found = dict((opts or on_disk(run)).get("multimaster") or {})
+    if not found.get("masters"):
+        raise Refused(
+            "multimaster:masters is not in this master's config: apply the multimaster.master "
+            "state to this master's control minion"
+        )
+    return multimaster_settings.check_section(found)
+
+
+def configured(run, masters, what):
+    """
+    This master's own section, refusing ``masters=``: the set, its order and so its primary (the
+    first entry, whose keys are the authority) come only from this master's config.
+    """
+    if masters is not None:
+        raise Refused(
+            f"masters= is not accepted by {what}: got {multimaster_keys.shown(masters)}; the "
+            "masters, their order and the primary (the first) come only from multimaster:masters "
+            "in this master's own config: change them in pillar and apply multimaster.master"
+        )
+    return section(run)
+
+
+def addressable(found, what):
+    """
+    ``found`` (a section), unless its masters are a cluster: there a control minion's pull
+    reaches whichever master the balancer picks, not the one that staged the transfer.
+    """
+    if found["mode"] == "cluster":
+        raise Refused(
+            f"{what} is for hot and failover sets: in mode cluster no single master can be "
+            "addressed behind the balancer, and Salt's cluster shares keys itself (see "
+            "docs/cluster.md in the formula)"
+        )
+    return found
+
+
+def ids(found):
+    return [m["id"] for m in found["masters"]]
+
+
+def by_id(found):
+    return {m["id"]: m for m in found["masters"]}
+
+
+def id_list(value, name):
+    """
+    ``value`` (None, a comma-separated string or a list of strings) as a list of ids.
+    """
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise Refused(f"{name}: got {value!r}; expected a master id or a list of master ids")
+
+
+def this_master(run, found):
+    """
+    The id of this master's entry in ``found``, or None. Salt names a master
+    ``<hostname>_master`` unless its config sets ``id``, so that name matches entry ``<hostname>``.
+    """
+    here = run.opts.get("id") or ""
+    for candidate in (here, here.removesuffix("_master")):
+        if candidate in ids(found):
+            return candidate
+    return None
+
+
+# --- calling control minions -----------------------------------------------------------------
+
+
+def call(run, found, masters, fun, kwarg, timeout, check=None):
+    """
+    Run ``multimaster_peer.<fun>`` on the control minions of ``masters``; ``(answers, errors)``
+    keyed by master id. Each answer must be signed by its control minion for a nonce fresh to
+    this publish (a return's minion id proves nothing: see ``multimaster_returns``);
+    ``check(answer)`` then validates (and may normalise) it: a peer's return is never trusted
+    as it comes.
+    """
+    by_minion = {m["minion_id"]: m["id"] for m in found["masters"] if m["id"] in masters}
+    nonce = os.urandom(32).hex()
+    start = time.monotonic()
+    with salt.client.get_local_client(run.opts["conf_file"]) as client:
+        returns = multimaster_returns.cmd_returns(
+            client,
+            list(by_minion),
+            f"{PEER}.{fun}",
+            kwarg={**(kwarg or {}), "answer_nonce": nonce},
+            timeout=timeout,
+        )
+    # A recipient that pulled a transfer during this call has returned: its last pull's job
+    # (the last chunk) leaves the job cache.
+    multimaster_transport.settle(run.opts)
+    log.info("multimaster: %s on %s: %.2fs", fun, sorted(masters), time.monotonic() - start)
+    answers, errors = {}, {}
+    for minion_id, master_id in by_minion.items():
+        try:
+            answers[master_id] = _answer(
+                run, returns.get(minion_id), fun, master_id, minion_id, nonce, check
+            )
+        except multimaster_returns.AnswerRefused as exc:
+            errors[master_id] = str(exc)
+    return answers, errors
+
+
+def _answer(run, ret, fun, master_id, minion_id, nonce, check):
+    """
+    The answer of ``minion_id`` (the control minion of ``master_id``) in its return ``ret``,
+    signed by it for ``nonce`` and passed through ``check``; raises ``AnswerRefused``.
+    """
+    if not isinstance(ret, dict) or "ret" not in ret:
+        raise multimaster_returns.AnswerRefused(f"control minion {minion_id} did not answer")
+    answer, failed = multimaster_returns.signed_answer(
+        ret, fun, master_id, minion_id, nonce, control_key(run, master_id, minion_id)
+    )
+    if failed:
+        raise multimaster_returns.AnswerRefused(_peer_error(fun, minion_id, str(answer)))
+    if not isinstance(answer, dict):
+        raise multimaster_returns.AnswerRefused(
+            f"{fun} on {minion_id}: malformed return ({type(answer)})"
+        )
+    if answer.get("alive") is False:
+        raise multimaster_returns.AnswerRefused(
+            f"salt-master on {master_id} is not running; left untouched"
+        )
+    try:
+        return check(answer) if check else answer
+    except (ValueError, TypeError, KeyError) as exc:
+        raise multimaster_returns.AnswerRefused(
+            f"{fun} on {minion_id}: malformed return ({_reason(exc)})"
+        ) from None
+
+
+def primary_key_entry(run, minion_id):
+    """
+    ``(state, pem, denied)`` of ``minion_id`` in this master's own key store.
+    """
+    return multimaster_keystore.key_entry(run.opts, minion_id)
+
+
+def control_key(run, master_id, minion_id):
+    """
+    The public key (PEM) of ``minion_id`` as accepted on this master: what its answers must be
+    signed with. Raises ``AnswerRefused`` when it is not accepted here.
+    """
+    state, pem, _ = primary_key_entry(run, minion_id)
+    if state != "accepted" or not pem:
+        raise multimaster_returns.AnswerRefused(
+            f"{master_id}: {minion_id} is not accepted on this master (its key is "
+            f"{state or 'unknown'} here), so its answer cannot be checked: nothing of it was "
+            f"used; accept it with 'salt-key -a {minion_id}' after checking its fingerprint"
+        )
+    return pem
+
+
+def _peer_error(fun, minion_id, text):
+    """
+    A control minion's refusal as it said it; a Python traceback instead becomes a sentence
+    saying where to read it.
+    """
+    if "Traceback" in text or "caused an exception" in text:
+        return (
+            f"{fun} failed on {minion_id} with an unexpected error (its traceback is in that "
+            f"host's minion log); run 'salt {minion_id} saltutil.sync_all' if the formula there "
+            "is older than on this master"
+        )
+    return text[:2000]
+
+
+def _reason(exc):
+    """
+    A check's own message (a ValueError names what is wrong); for a missing field or a wrong
+    type, a sentence instead of Python's exception text.
+    """
+    if isinstance(exc, ValueError):
+        return str(exc)
+    return "a field is missing or of the wrong type; sync the formula on both ends"
+
+
+# --- orders and transfers --------------------------------------------------------------------
+
+
+def binding(answer, master):
+    """
+    The challenge a peer issued, checked to name the master we asked.
+    """
+    found = answer.get("binding")
+    if not isinstance(found, dict) or found.get("target") != master:
+        raise ValueError(f"no challenge bound to {master}")
+    return found
+
+
+def bound(challenge, **extra):
+    return multimaster_seal.bind(
+        challenge["challenge"], challenge["target"], challenge["config_dir"], **extra
+    )
+
+
+def staged(run, found, master, document, fileserver=False):
+    """
+    Stage ``document`` (JSON) for ``master``'s control minion to pull from this master: the
+    publish carries only the descriptor. ``fileserver``: also served through this master's
+    file server, to that minion's authenticated id only (for a sealed document).
+    """
+    return multimaster_transport.stage(
+        run.opts,
+        by_id(found)[master]["minion_id"],
+        salt.utils.json.dumps(document).encode(),
+        fileserver=fileserver,
+    )
+
+
+def signer_key(run):
+    """
+    This master's own private key (signs orders and envelopes; never leaves this process). In
+    a cluster the minions trust the cluster's key (``cluster.pub``), so that one signs.
+    """
+    if run.opts.get("cluster_id"):
+        path = os.path.join(run.opts["cluster_pki_dir"], "cluster.pem")
+        with salt.utils.files.fopen(path, "r") as handle:
+            return handle.read()
+    return multimaster_keystore.read_master_key(run.opts, private=True)
