@@ -1,6 +1,9 @@
 """
 The master-host side of the ``multimaster`` runners: key inventory, key actions, master key
-install, served-key checks and reports, run by a master's control minion.
+install, served-key checks and reports, run by a master's control minion. Each function is a
+few lines over its plane's library in ``_utils`` (``multimaster_keystore``,
+``multimaster_cluster``, ``multimaster_masterkey``, ``multimaster_status``,
+``multimaster_roots``), which owns both ends of that plane's wire contract.
 
 Grant this module to no publisher ACL: only the ``multimaster`` runners call it. It trusts no
 caller anyway. Every path (config dir, pki dir, pidfile) comes from this minion's pillar
@@ -18,39 +21,22 @@ verifies with this minion's key as accepted on its master: Salt 3008 takes a ret
 id on the sender's word (``resource_id``), so any minion could answer under this one's id.
 """
 
-import contextlib
 import functools
-import hashlib
 import inspect
 import logging
 import os
-import time
 
-import salt.channel.client
-import salt.payload
-import salt.utils.atomicfile
-import salt.utils.files
-import salt.utils.json
-from salt.exceptions import (
-    CommandExecutionError,
-    SaltException,
-    SaltInvocationError,
-    SaltReqTimeoutError,
-)
+from salt.exceptions import CommandExecutionError, SaltException, SaltInvocationError
 
 try:
     import multimaster_cluster
-    import multimaster_daemon
-    import multimaster_handshake
-    import multimaster_ids
-    import multimaster_jobcache
-    import multimaster_keys
     import multimaster_keystore
+    import multimaster_masterkey
     import multimaster_roots
-    import multimaster_safefs
     import multimaster_saltcompat
     import multimaster_seal
     import multimaster_settings
+    import multimaster_status
     import multimaster_transport
 
     HAS_UTILS = True
@@ -60,13 +46,6 @@ except ImportError:
 log = logging.getLogger(__name__)
 
 __virtualname__ = "multimaster_peer"
-
-# How many ids a return lists; counts are always complete.
-SAMPLE = 50
-# The largest transfer accepted: key actions for a large fleet, a sealed key pair.
-ACTIONS_LIMIT = 256 * 1024 * 1024
-ENVELOPE_LIMIT = 1024 * 1024
-PULL_TIMEOUT = 60
 
 
 def __virtual__():
@@ -103,30 +82,12 @@ def _mopts():
     return master, multimaster_keystore.master_opts(master["config_dir"])
 
 
-def _challenges():
-    return multimaster_seal.ChallengeStore(
-        os.path.join(__opts__["cachedir"], "multimaster", "challenges")
-    )
-
-
-def _binding(master):
+def _puller():
     """
-    A fresh challenge and what the runner must bind its next order to.
+    ``pull(ticket, offset)`` of a transfer staged for this minion, by ``peer_run`` on the master
+    that sent this job (made here, in the job's thread: see ``multimaster_transport.puller``).
     """
-    return {
-        "challenge": _challenges().issue(),
-        "target": master["id"],
-        "config_dir": master["config_dir"],
-    }
-
-
-def _read_own(name):
-    with salt.utils.files.fopen(os.path.join(__opts__["pki_dir"], name)) as handle:
-        return handle.read()
-
-
-def _expect(master):
-    return {"target": master["id"], "config_dir": master["config_dir"]}
+    return multimaster_transport.puller(__salt__)
 
 
 # --- signed answers --------------------------------------------------------------------------
@@ -176,7 +137,12 @@ def _signed_answer(function):
             return function(*args, **kwargs)
         result, failed = _answered(name, lambda: function(*args, **kwargs))
         return multimaster_seal.sign_answer(
-            result, name, _speaks_for(), answer_nonce, _read_own("minion.pem"), failed=failed
+            result,
+            name,
+            _speaks_for(),
+            answer_nonce,
+            multimaster_seal.own_file(__opts__, "minion.pem"),
+            failed=failed,
         )
 
     # Salt follows ``__wrapped__`` to the inner signature, which lacks the nonce; and Salt 3006
@@ -219,65 +185,7 @@ def key_inventory(buckets=None, ids=None, with_pubs=False):
         salt master2 multimaster_peer.key_inventory ids='[minion1]' with_pubs=True
     """
     master, mopts = _mopts()
-    alive = _master_alive(master, mopts)
-    wanted = None
-    if ids is not None:
-        wanted = {multimaster_ids.check_id(i, "minion id") for i in ids}
-    elif buckets is not None:
-        chosen = {int(b) for b in buckets}
-        wanted = lambda minion_id: multimaster_keys.bucket_of(minion_id) in chosen  # noqa: E731
-    full_scan = wanted is None
-    with _fingerprint_cache(mopts, full_scan) as fp_cache:
-        entries, pubs = multimaster_keystore.inventory(
-            mopts, with_pubs=with_pubs, ids=wanted, fp_cache=fp_cache
-        )
-    # What the key reactor on this master checks a delete event against.
-    multimaster_keystore.note_held(mopts, entries, wanted)
-    ret = {"alive": alive, "binding": _binding(master)}
-    if full_scan:
-        total, per_bucket = multimaster_keys.digests(entries)
-        ret.update(
-            digest=total,
-            buckets=per_bucket,
-            count=len(entries),
-            repair=multimaster_keystore.repair_needed(mopts),
-        )
-        return ret
-    ret.update(entries=entries, pubs=pubs)
-    return ret
-
-
-@contextlib.contextmanager
-def _fingerprint_cache(mopts, full_scan):
-    """
-    Fingerprints of this master's key files from the last full scan, kept in this minion's
-    cachedir (public data only): a re-run reads only the files that changed.
-    """
-    name = hashlib.sha256(mopts["pki_dir"].encode()).hexdigest()[:16]
-    path = os.path.join(__opts__["cachedir"], "multimaster", f"fingerprints-{name}.p")
-    try:
-        with salt.utils.files.fopen(path, "rb") as handle:
-            known = salt.payload.load(handle)
-    except (OSError, ValueError, TypeError):
-        known = {}
-    cache = multimaster_keystore.FingerprintCache(known if isinstance(known, dict) else {})
-    yield cache
-    if full_scan and cache.changed:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        with salt.utils.atomicfile.atomic_open(path, "wb") as handle:
-            salt.payload.dump(cache.seen, handle)
-
-
-def _master_alive(master, mopts):
-    """
-    Is this host's salt-master running (a verified pid) and listening on its ret port?
-    """
-    if multimaster_daemon.verified_pid(mopts["pidfile"], "salt-master", master["config_dir"]):
-        host = mopts["interface"]
-        if host in ("0.0.0.0", "::", ""):
-            host = "127.0.0.1"
-        return multimaster_daemon.wait_port(host, mopts["ret_port"], timeout=2)
-    return False
+    return multimaster_keystore.peer_inventory(__opts__, master, mopts, buckets, ids, with_pubs)
 
 
 @_signed_answer
@@ -294,132 +202,7 @@ def master_settled():
         salt master2 multimaster_peer.master_settled
     """
     master, mopts = _mopts()
-    up = bool(_master_alive(master, mopts))
-    # This control minion's own restart (multimaster.minion) counts too: until it has happened
-    # the runners would lose it mid-call.
-    pending = any(
-        multimaster_daemon.restart_pending(pidfile)
-        for pidfile in (mopts["pidfile"], __opts__["pidfile"])
-    )
-    return {"up": up, "restart_pending": pending, "settled": up and not pending}
-
-
-def _checked(action):
-    """
-    ``(action, canonical pem)`` after checking id, op and that the key is canonical and has the
-    planned fingerprint; raises before anything is written.
-    """
-    if not isinstance(action, dict):
-        raise CommandExecutionError(f"key action {action!r} is not a mapping")
-    multimaster_ids.check_id(action.get("id"), "minion id")
-    if action.get("op") not in multimaster_keystore.TARGET_STATE:
-        raise CommandExecutionError(f"unknown key action {action.get('op')!r}")
-    if action["op"] == "delete":
-        return action, None
-    pem = multimaster_keys.canonical(action.get("pub"), f"key of {action['id']!r}")
-    if multimaster_keys.fingerprint(pem) != action.get("fp"):
-        raise multimaster_keys.InvalidKeyError(
-            f"key of {action['id']!r}: fingerprint {multimaster_keys.fingerprint(pem)} "
-            f"does not match the planned {action.get('fp')}"
-        )
-    return action, pem
-
-
-def _puller():
-    """
-    ``pull(ticket, offset)``: one chunk of a transfer staged for this minion, from the master
-    that sent this job (``peer_run`` on the request channel of the minion connection that
-    received it). Made in the job's thread: the transport pulls from a worker thread, where
-    Salt 3006/3007 resolve no loader global (``__salt__``), so the function is looked up here.
-    """
-    runner = __salt__["publish.runner"]
-
-    def pull(ticket, offset):
-        return runner(
-            multimaster_transport.PULL,
-            arg=[f"ticket={ticket}", f"offset={offset}"],
-            timeout=PULL_TIMEOUT,
-        )
-
-    return pull
-
-
-class _ContentPull:
-    """
-    ``pull(ticket, offset)`` for a roots plan or content stream: through the file server of
-    the master that sent this job (``_serve_file`` on this minion's request channel to it: no
-    runner job there, one key load per ``REQUESTS_PER_CHANNEL`` here), or through its
-    ``peer_run`` pull when that file server does not serve transfers (its
-    ``fileserver_backend`` does not name ``multimaster`` yet, or it has not been restarted
-    since) or refuses a published ticket to a request without an id (Salt before 3008).
-    ``via`` says which; ``close`` when the stream is done.
-    """
-
-    # Requests per channel: Salt's request channel keeps what it received while it is open
-    # (a channel kept for a 200 MB stream grew the minion by 220 MB in bench_sync_roots), and
-    # a new channel loads this minion's key again (a channel per 1 MiB chunk: 18 s, not 10 s).
-    REQUESTS_PER_CHANNEL = 16
-
-    def __init__(self):
-        # Made in the job's thread, called from the transport's worker thread (see _puller).
-        self.via = "fileserver"
-        self._opts = dict(__opts__)
-        self._peer_run = _puller()
-        self._channel = None
-        self._requests = 0
-
-    def _fileserver_pull(self, ticket, offset):
-        if self._requests == self.REQUESTS_PER_CHANNEL:
-            self.close()
-        if self._channel is None:
-            self._channel = salt.channel.client.ReqChannel.factory(self._opts)
-            self._requests = 0
-        self._requests += 1
-        load = {
-            "cmd": "_serve_file",
-            "path": multimaster_transport.FILESERVER_PREFIX + ticket,
-            "loc": offset,
-            "saltenv": "base",
-        }
-        try:
-            return self._channel.send(load, timeout=PULL_TIMEOUT)
-        except SaltReqTimeoutError:
-            return {"error": f"the file server did not answer within {PULL_TIMEOUT} s"}
-
-    def __call__(self, ticket, offset):
-        if self.via == "fileserver":
-            answer = self._fileserver_pull(ticket, offset)
-            if (
-                isinstance(answer, dict)
-                and answer.get("error") != multimaster_transport.NEEDS_ID
-                and {"error", "offset", "done"} & set(answer)
-            ):
-                return answer
-            if offset:
-                return {"error": f"the file server stopped serving the transfer at {offset}"}
-            # Salt's answer for a path no backend has, or a Salt that signs no id into the
-            # request for a ticket that needs one: pull the same ticket by peer_run.
-            self.via = "peer_run"
-        return self._peer_run(ticket, offset)
-
-    def close(self):
-        """
-        Close the request channel, if one was opened.
-        """
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
-
-
-def _pulled(transfer, limit, pull=None):
-    return multimaster_transport.fetch(transfer, pull or _puller(), limit)
-
-
-def _pulled_json(transfer, limit, what, pull=None):
-    try:
-        return salt.utils.json.loads(_pulled(transfer, limit, pull))
-    except ValueError:
-        raise CommandExecutionError(f"{what}: the pulled transfer is not JSON") from None
+    return multimaster_status.settled(master, mopts, __opts__["pidfile"])
 
 
 @_signed_answer
@@ -447,35 +230,9 @@ def apply_key_actions(transfer, order):
         salt-run multimaster.sync_keys   # the runner calls this; not meant for the CLI
     """
     master, mopts = _mopts()
-    instruction = _pulled_json(transfer, ACTIONS_LIMIT, "key actions")
-    actions = instruction.get("actions") if isinstance(instruction, dict) else None
-    if not isinstance(actions, list):
-        raise CommandExecutionError("key actions: the pulled transfer holds no action list")
-    multimaster_seal.check_order(
-        order,
-        {"actions": actions},
-        "key_actions",
-        __opts__["id"],
-        _read_own("minion_master.pub"),
-        _expect(master),
-        _challenges(),
+    return multimaster_keystore.apply_ordered_actions(
+        __opts__, master, mopts, transfer, order, _puller()
     )
-    checked = [_checked(action) for action in actions]
-    start = time.monotonic()
-    done = multimaster_keystore.apply_actions(mopts, checked)
-    log.info("multimaster: %d key change(s) in %.2fs", len(done["done"]), time.monotonic() - start)
-    counts = {}
-    for item in done["done"]:
-        counts[item["op"]] = counts.get(item["op"], 0) + 1
-    # Counts and a sample: a 10,000-key return would cost more on the wire than the work itself.
-    return {
-        "changes": counts,
-        "ids": sorted(item["id"] for item in done["done"])[:SAMPLE],
-        "skipped": done["skipped"][:SAMPLE],
-        "skipped_count": len(done["skipped"]),
-        "repaired": done["repaired"][:SAMPLE],
-        "rotated": done["rotated"],
-    }
 
 
 # --- cluster peer keys -----------------------------------------------------------------------
@@ -486,8 +243,7 @@ def _cluster_local():
     ``(master, section, mopts, peers dir)`` of this host's cluster master; refuses any other mode.
     """
     master, section = _local()
-    mopts = multimaster_keystore.master_opts(master["config_dir"])
-    return master, section, mopts, multimaster_cluster.member_peers_dir(master, section, mopts)
+    return (master, section, *multimaster_cluster.peer_member(master, section))
 
 
 @_signed_answer
@@ -503,7 +259,7 @@ def cluster_peer_keys():
         salt-run multimaster.share_peer_keys   # the runner calls this
     """
     master, _, _, peers_dir = _cluster_local()
-    return {"held": multimaster_cluster.held_peer_keys(peers_dir), "binding": _binding(master)}
+    return multimaster_cluster.peer_keys_held(__opts__, master, peers_dir)
 
 
 @_signed_answer
@@ -529,10 +285,9 @@ def install_cluster_peer_keys(keys, order):
         salt-run multimaster.share_peer_keys   # the runner calls this; not meant for the CLI
     """
     master, section, _, peers_dir = _cluster_local()
-    multimaster_cluster.check_peer_keys(
-        keys, order, __opts__["id"], _read_own("minion_master.pub"), _expect(master), _challenges()
+    return multimaster_cluster.install_ordered_peer_keys(
+        __opts__, master, section, peers_dir, keys, order
     )
-    return multimaster_cluster.install_peer_keys(peers_dir, keys, master, section)
 
 
 @_signed_answer
@@ -548,7 +303,7 @@ def cluster_aes_info():
         salt-run multimaster.share_cluster_aes   # the runner calls this
     """
     master, _, mopts, _ = _cluster_local()
-    return {"held": multimaster_cluster.held_aes(mopts), "binding": _binding(master)}
+    return multimaster_cluster.aes_held(__opts__, master, mopts)
 
 
 @_signed_answer
@@ -571,15 +326,7 @@ def install_cluster_aes(envelope):
         salt-run multimaster.share_cluster_aes   # the runner calls this; not meant for the CLI
     """
     master, _, mopts, _ = _cluster_local()
-    key, stamp, sender = multimaster_cluster.open_aes_envelope(
-        envelope,
-        __opts__["id"],
-        _read_own("minion.pem"),
-        _read_own("minion_master.pub"),
-        _expect(master),
-        _challenges(),
-    )
-    return multimaster_cluster.install_shared_aes(mopts, key, stamp, sender)
+    return multimaster_cluster.install_sealed_aes(__opts__, master, mopts, envelope)
 
 
 # --- master key ------------------------------------------------------------------------------
@@ -602,54 +349,7 @@ def master_key_info(signing=False):
         salt master2 multimaster_peer.master_key_info
     """
     master, mopts = _mopts()
-    pub = multimaster_keystore.read_master_key(mopts, signing=signing)
-    return {
-        "name": multimaster_keystore.master_key_files(mopts, signing)[1],
-        "pub": pub,
-        "own_pub": multimaster_keystore.read_master_key(mopts) if signing else pub,
-        "salt_finger": pub and multimaster_keys.salt_finger(pub),
-        "binding": _binding(master),
-    }
-
-
-def _verify_served(host, port, pub, sign_pub=None, timeout=60):
-    deadline = time.monotonic() + timeout
-    while True:
-        ok, reason = multimaster_handshake.serves(__opts__, host, port, pub, sign_pub, timeout=5)
-        if ok or time.monotonic() > deadline:
-            return ok, reason
-        time.sleep(1)
-
-
-def _served_args(mopts, pub, signing):
-    # What a sign-in must prove: the master's own key, and in signing mode the signing pair too.
-    if signing:
-        return multimaster_keystore.read_master_key(mopts), pub
-    return pub, None
-
-
-def _opened_pair(envelope, master, signing):
-    """
-    Open the envelope (signed by the trusted master, bound to this master and a challenge of
-    ours) and check the pair it carries. Returns ``(pem, pub, fp)``.
-    """
-    purpose = "master_sign" if signing else "master_key"
-    body, bound = multimaster_seal.unseal(
-        envelope,
-        purpose,
-        __opts__["id"],
-        _read_own("minion.pem"),
-        _read_own("minion_master.pub"),
-        _expect(master),
-        _challenges(),
-    )
-    pub = multimaster_keys.canonical(body.get("pub"), "sealed public key")
-    fp = multimaster_keys.fingerprint(pub)
-    if bound.get("fp") != fp:
-        raise CommandExecutionError(f"sealed key {fp} is not the bound fingerprint {bound['fp']}")
-    if multimaster_keys.private_key_fingerprint(body["pem"]) != fp:
-        raise CommandExecutionError("sealed key pair: the private key does not match the public")
-    return body.pop("pem"), pub, fp
+    return multimaster_masterkey.master_key_info(__opts__, master, mopts, signing)
 
 
 @_signed_answer
@@ -678,35 +378,9 @@ def install_master_key(transfer, signing=False, timeout=90):
         salt-run multimaster.sync_master_key   # the runner calls this; not meant for the CLI
     """
     master, section = _local()
-    mopts = multimaster_keystore.master_opts(master["config_dir"])
-    host, port = master["host"], int(section["ports"]["ret"])
-    envelope = _pulled_json(transfer, ENVELOPE_LIMIT, "master key")
-    pem, pub, fp = _opened_pair(envelope, master, signing)
-    result = {"fp": fp, "changed": False, "restarted": None}
-    current = multimaster_keystore.read_master_key(mopts, signing=signing)
-    if current and multimaster_keys.fingerprint(current) == fp:
-        ok, reason = _verify_served(host, port, *_served_args(mopts, pub, signing), timeout=10)
-        if ok:
-            return dict(result, served=True, reason=reason)
-    service = _service(section)
-    # Swap only while the master is stopped: a running master keeps its private key in memory.
-    stopped = multimaster_daemon.stop_now(
-        mopts["pidfile"], service, "salt-master", master["config_dir"]
+    return multimaster_masterkey.install_master_key(
+        __opts__, master, section, transfer, _puller(), signing, timeout
     )
-    try:
-        multimaster_keystore.install_master_key(mopts, pem, pub, signing=signing)
-    finally:
-        del pem
-        multimaster_daemon.start_now(stopped, "salt-master", master["config_dir"])
-    result.update(changed=True, restarted=stopped["service"] or "daemon")
-    if not multimaster_daemon.wait_port(host, port, timeout):
-        return dict(result, served=False, reason=f"master did not listen on {host}:{port}")
-    ok, reason = _verify_served(host, port, *_served_args(mopts, pub, signing), timeout=timeout)
-    return dict(result, served=ok, reason=reason)
-
-
-def _service(section):
-    return section.get("lookup", {}).get("master", {}).get("service", "salt-master")
 
 
 @_signed_answer
@@ -734,7 +408,9 @@ def verify_master_key(host, port, pub, sign_pub=None, timeout=30):
 
         salt master1 multimaster_peer.verify_master_key 127.0.0.3 4506 "$(cat master.pub)"
     """
-    ok, reason = _verify_served(host, int(port), pub, sign_pub, timeout=float(timeout))
+    ok, reason = multimaster_masterkey.verify_served(
+        __opts__, host, int(port), pub, sign_pub, timeout=float(timeout)
+    )
     return {"served": ok, "reason": reason}
 
 
@@ -761,31 +437,8 @@ def master_report(signing=False, ping_timeout=5):
 
         salt master2 multimaster_peer.master_report
     """
-    report = {
-        "keys": key_inventory(),
-        "master_key": master_key_info(signing=signing),
-        "store_problems": _store_problems(signing),
-        "answering": [],
-    }
-    for part in ("keys", "master_key"):
-        report[part].pop("binding")
-    _, mopts = _mopts()
-    report["roots"] = _manifests(mopts, multimaster_roots.synced_kinds(mopts)[0])[0]
-    report["git"] = multimaster_roots.served_commits(mopts)
-    report["job_cache"] = multimaster_jobcache.check(mopts)
-    report["alive"] = report["keys"]["alive"]
-    if report["alive"]:
-        report["answering"] = ping_minions(timeout=ping_timeout)
-    return report
-
-
-def _store_problems(signing):
-    _, mopts = _mopts()
-    problems = multimaster_keystore.store_problems(mopts)
-    problems += multimaster_keystore.master_key_pair_problems(mopts)
-    if signing:
-        problems += multimaster_keystore.master_key_pair_problems(mopts, signing=True)
-    return problems
+    master, mopts = _mopts()
+    return multimaster_status.master_report(__opts__, master, mopts, signing, ping_timeout)
 
 
 @_signed_answer
@@ -802,94 +455,16 @@ def ping_minions(timeout=5):
 
         salt master2 multimaster_peer.ping_minions
     """
-    import salt.client
-
     master, _ = _local()
-    with salt.client.get_local_client(os.path.join(master["config_dir"], "master")) as client:
-        returns = client.cmd("*", "test.ping", timeout=int(timeout))
-    return sorted(minion for minion, ret in returns.items() if ret is True)
+    return multimaster_status.ping_minions(master["config_dir"], timeout)
 
 
 # --- roots -----------------------------------------------------------------------------------
 
+
+# The default of ``roots_manifest`` (multimaster_roots.ROOT_KINDS), here so that this module
+# loads, to say the utils are missing, without them.
 ROOT_KINDS = ("file_roots", "pillar_roots")
-PLAN_LIMIT = 64 * 1024 * 1024
-
-
-def _roots_of(mopts, kind):
-    """
-    ``{env: [path, ...]}`` of this master's ``kind`` (its own config; never an argument).
-    """
-    roots = mopts.get(kind) or {}
-    return {env: [str(path) for path in paths] for env, paths in roots.items()}
-
-
-def _manifests(mopts, kinds):
-    """
-    ``(roots, files, modes)`` of this master's ``kinds``: per kind, env and position the root's
-    path, digest, file count and skipped entries (``_summary``); and the file manifests and
-    directory modes in the same shape.
-    """
-    found = multimaster_roots.manifests(mopts, kinds)
-    roots = {
-        kind: {env: [_summary(kind, r) for r in rs] for env, rs in envs.items()}
-        for kind, envs in found.items()
-    }
-    files, modes = (
-        {
-            kind: {env: [r[part] for r in rs] for env, rs in envs.items()}
-            for kind, envs in found.items()
-        }
-        for part in ("files", "dirs")
-    )
-    return roots, files, modes
-
-
-def _summary(kind, root):
-    """
-    What a return may say of one root's manifest: its path, digest, file count and how many
-    entries were skipped, with a sample of those (path and why) for ``file_roots`` only: the
-    names of pillar files are for sealed manifests.
-    """
-    summary = {
-        "path": root["path"],
-        "digest": root["digest"],
-        "count": len(root["files"]),
-        "skipped_count": len(root["skipped"]),
-    }
-    if kind != "pillar_roots":
-        summary["skipped"] = dict(list(root["skipped"].items())[:SAMPLE])
-    return summary
-
-
-def _narrowed(files, modes, dirs):
-    """
-    ``(files, modes, partial)`` in the shape of ``files``: each root's manifest and directory
-    modes cut down to the directories whose digests differ from the primary's ``dirs`` (the
-    directories themselves in ``partial``), or whole (``None`` in ``partial``) where ``dirs``
-    says nothing usable.
-    """
-    narrowed, cut_modes, partial = {}, {}, {}
-    for kind, envs in files.items():
-        for env, roots in envs.items():
-            theirs = dirs.get(kind, {}).get(env) if isinstance(dirs, dict) else None
-            for index, manifest in enumerate(roots):
-                mine = modes[kind][env][index]
-                digests = (
-                    theirs[index] if isinstance(theirs, list) and index < len(theirs) else None
-                )
-                if not isinstance(digests, dict) or not all(
-                    isinstance(k, str) and isinstance(v, str) for k, v in digests.items()
-                ):
-                    cut, where = manifest, None
-                else:
-                    where = multimaster_roots.differing_dirs(manifest, digests, mine)
-                    cut = multimaster_roots.within(manifest, where)
-                    mine = multimaster_roots.modes_within(mine, where)
-                narrowed.setdefault(kind, {}).setdefault(env, []).append(cut)
-                cut_modes.setdefault(kind, {}).setdefault(env, []).append(mine)
-                partial.setdefault(kind, {}).setdefault(env, []).append(where)
-    return narrowed, cut_modes, partial
 
 
 @_signed_answer
@@ -929,99 +504,9 @@ def roots_manifest(kinds=ROOT_KINDS, full=False, nonce=None, unless=None, dirs=N
         salt-run multimaster.sync_roots test=True   # the runner calls this
     """
     master, mopts = _mopts()
-    roots, files, modes = _manifests(mopts, [kind for kind in kinds if kind in ROOT_KINDS])
-    ret = {
-        "roots": roots,
-        "real": multimaster_roots.real_layout(mopts),
-        "binding": _binding(master),
-    }
-    mine, theirs = multimaster_roots.digests(roots), unless if isinstance(unless, dict) else {}
-    differing = {kind: envs for kind, envs in files.items() if mine[kind] != theirs.get(kind)}
-    if full and differing:
-        files, modes, partial = _narrowed(differing, modes, dirs)
-        ret["sealed"] = multimaster_seal.seal(
-            {"files": files, "dir_modes": modes, "dirs": partial},
-            "roots_manifest",
-            master["id"],
-            _read_own("minion_master.pub"),
-            _read_own("minion.pem"),
-            multimaster_seal.bind(nonce, master["id"], master["config_dir"]),
-        )
-    return ret
-
-
-def _paired_root(mopts, pair):
-    """
-    This master's root for ``pair`` (kind, env, position), from its own config.
-    """
-    kind, env, index = pair.get("kind"), pair.get("env"), pair.get("index")
-    paths = _roots_of(mopts, kind).get(env) if kind in ROOT_KINDS else None
-    if not paths or not isinstance(index, int) or not 0 <= index < len(paths):
-        raise CommandExecutionError(f"no {kind} root at position {index!r} of env {env!r} here")
-    return paths[index]
-
-
-def _failure(root, pair, what, exc):
-    """
-    One line of the apply report: the root, and for ``file_roots`` ``what`` failed (a quoted
-    path, or what the step was) and the error; for ``pillar_roots`` only why, without a path
-    (the names of pillar files never leave the sealed manifests and plan: a return lands in
-    job caches).
-    """
-    if pair.get("kind") == "pillar_roots":
-        reason = getattr(exc, "reason", None) or exc.strerror or "refused"
-        return f"{root}: a pillar file or directory: {reason}"
-    return f"{root}: {what}: {exc}"
-
-
-def _write_all(reader, root, pair, report):
-    synced_dirs = set()
-    for entry in pair.get("write") or []:
-        blocks = reader.blocks(entry["size"])
-        try:
-            multimaster_safefs.write_file(
-                root, entry["path"], blocks, entry["mode"], entry["sha256"], synced_dirs
-            )
-            report["written"] += 1
-            report["bytes"] += entry["size"]
-        except OSError as exc:
-            report["failed"].append(_failure(root, pair, repr(entry["path"]), exc))
-        # Keep the stream aligned: what a refused write did not read belongs to this file.
-        for _ in blocks:
-            pass
-    try:
-        multimaster_safefs.sync_dirs(root, synced_dirs)
-    except OSError as exc:
-        report["failed"].append(_failure(root, pair, "syncing the directories written", exc))
-
-
-def _set_dir_modes(root, pair, report):
-    """
-    Give the directories of ``pair`` their planned modes (those that exist: the writes make
-    the others, private until the next call).
-    """
-    for directory, mode in pair.get("dirs") or []:
-        try:
-            report["dir_modes"] += multimaster_safefs.set_dir_mode(root, directory, mode)
-        except OSError as exc:
-            report["failed"].append(_failure(root, pair, repr(directory), exc))
-
-
-def _clear_temps(root, pair, report):
-    try:
-        multimaster_safefs.clear_temps(root)
-    except OSError as exc:
-        report["failed"].append(_failure(root, pair, "leftover temporary files", exc))
-
-
-def _clear_file_list_cache(mopts):
-    # What ``salt-run fileserver.clear_file_list_cache backend=roots`` does: the master sees
-    # new files at once instead of after fileserver_list_cache_time.
-    cache = os.path.join(mopts["cachedir"], "file_lists", "roots")
-    with contextlib.suppress(OSError):
-        for name in os.listdir(cache):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(cache, name))
+    return multimaster_roots.peer_manifest(
+        __opts__, master, mopts, kinds, full, nonce, unless, dirs
+    )
 
 
 @_signed_answer
@@ -1047,51 +532,4 @@ def apply_roots(plan):
         salt-run multimaster.sync_roots   # the runner calls this; not meant for the CLI
     """
     master, mopts = _mopts()
-    with contextlib.closing(_ContentPull()) as pull:
-        envelope = _pulled_json(plan, PLAN_LIMIT, "roots plan", pull)
-    body, _ = multimaster_seal.unseal(
-        envelope,
-        "roots",
-        __opts__["id"],
-        _read_own("minion.pem"),
-        _read_own("minion_master.pub"),
-        _expect(master),
-        _challenges(),
-    )
-    pairs = body.get("pairs") or []
-    resolved = [(_paired_root(mopts, pair), pair) for pair in pairs]
-    key = bytes.fromhex(body["key"])
-    report = {"written": 0, "bytes": 0, "modes": 0, "dir_modes": 0, "deleted": 0, "failed": []}
-    pull = _ContentPull()
-    stream = multimaster_transport.chunks(
-        multimaster_transport.check_descriptor(body.get("content")), pull, key
-    )
-    reader = multimaster_transport.Reader(stream)
-    with contextlib.closing(pull), contextlib.closing(stream), multimaster_roots.locked(mopts):
-        # Deletions first: a file the primary turned into a directory (or the reverse) is out
-        # of the way before its replacement is written.
-        for root, pair in resolved:
-            _clear_temps(root, pair, report)
-            for path in pair.get("delete") or []:
-                try:
-                    multimaster_safefs.delete_file(root, path)
-                    report["deleted"] += 1
-                except OSError as exc:
-                    report["failed"].append(_failure(root, pair, repr(path), exc))
-            _set_dir_modes(root, pair, report)
-        for root, pair in resolved:
-            _write_all(reader, root, pair, report)
-        for root, pair in resolved:
-            _set_dir_modes(root, pair, report)
-            for path, mode in pair.get("mode") or []:
-                try:
-                    multimaster_safefs.set_mode(root, path, mode)
-                    report["modes"] += 1
-                except OSError as exc:
-                    report["failed"].append(_failure(root, pair, repr(path), exc))
-        if reader.read(1):
-            report["failed"].append("the content stream is longer than the plan")
-    _clear_file_list_cache(mopts)
-    report["failed"] = report["failed"][:SAMPLE]
-    report["via"] = pull.via
-    return report
+    return multimaster_roots.apply_plan(__opts__, __salt__, master, mopts, plan)

@@ -26,6 +26,7 @@ import tempfile
 
 import multimaster_daemon
 import multimaster_keys
+import multimaster_keystore
 import multimaster_safefs
 import multimaster_seal
 import multimaster_settings
@@ -684,3 +685,65 @@ def status_report(section, members):
 
 def _ports_open(address, ports):
     return {name: multimaster_daemon.port_open(address, ports[name]) for name in ("publish", "ret")}
+
+
+# --- peer side (run by a control minion) ---
+
+
+def peer_member(master, section):
+    """
+    ``(mopts, peers dir)`` of the cluster master ``master``; refuses any other mode.
+    """
+    mopts = multimaster_keystore.master_opts(master["config_dir"])
+    return mopts, member_peers_dir(master, section, mopts)
+
+
+def peer_keys_held(minion_opts, master, peers_dir):
+    """
+    What ``multimaster_peer.cluster_peer_keys`` answers: the peer keys held, by fingerprint,
+    and a fresh challenge.
+    """
+    return {
+        "held": held_peer_keys(peers_dir),
+        "binding": multimaster_seal.binding(minion_opts, master),
+    }
+
+
+def install_ordered_peer_keys(minion_opts, master, section, peers_dir, keys, order):
+    """
+    What ``multimaster_peer.install_cluster_peer_keys`` answers: ``install_peer_keys`` under a
+    valid ``order`` only.
+    """
+    check_peer_keys(
+        keys,
+        order,
+        minion_opts["id"],
+        multimaster_seal.own_file(minion_opts, "minion_master.pub"),
+        multimaster_seal.expected(master),
+        multimaster_seal.challenges(minion_opts),
+    )
+    return install_peer_keys(peers_dir, keys, master, section)
+
+
+def aes_held(minion_opts, master, mopts):
+    """
+    What ``multimaster_peer.cluster_aes_info`` answers: the stamp and digest of the key held
+    (never the key) and a fresh challenge.
+    """
+    return {"held": held_aes(mopts), "binding": multimaster_seal.binding(minion_opts, master)}
+
+
+def install_sealed_aes(minion_opts, master, mopts, envelope):
+    """
+    What ``multimaster_peer.install_cluster_aes`` answers: the key of a valid envelope
+    installed if newer, and re-read by the running master.
+    """
+    key, stamp, sender = open_aes_envelope(
+        envelope,
+        minion_opts["id"],
+        multimaster_seal.own_file(minion_opts, "minion.pem"),
+        multimaster_seal.own_file(minion_opts, "minion_master.pub"),
+        multimaster_seal.expected(master),
+        multimaster_seal.challenges(minion_opts),
+    )
+    return install_shared_aes(mopts, key, stamp, sender)

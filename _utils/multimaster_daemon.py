@@ -502,5 +502,21 @@ def _same_process(pid, started):
         return None
 
 
+# --- peer side (run by a control minion) ---
+
+
+def master_alive(master, mopts):
+    """
+    Is the salt-master of ``master`` (its opts ``mopts``) running (a verified pid) and listening
+    on its ret port?
+    """
+    if verified_pid(mopts["pidfile"], "salt-master", master["config_dir"]):
+        host = mopts["interface"]
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return wait_port(host, mopts["ret_port"], timeout=2)
+    return False
+
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -25,6 +25,7 @@ import contextlib
 import errno
 import fcntl
 import glob
+import hashlib
 import json
 import logging
 import os
@@ -33,11 +34,16 @@ import tempfile
 import time
 
 import cryptography.exceptions
+import multimaster_daemon
 import multimaster_ids
 import multimaster_keys
 import multimaster_reactor
 import multimaster_saltcompat
+import multimaster_seal
+import multimaster_transport
 import salt.config
+import salt.payload
+import salt.utils.atomicfile
 import salt.utils.files
 import salt.utils.user
 from salt.exceptions import CommandExecutionError
@@ -1062,3 +1068,125 @@ def _link_legacy(pki, pem_name, pub_name):
             os.unlink(path)
         if not os.path.lexists(path):
             os.symlink(os.path.join(pki, current), path)
+
+
+# --- peer side (run by a control minion) ---
+
+# How many ids a return lists; counts are always complete.
+SAMPLE = 50
+# The largest transfer of key actions accepted: key actions for a large fleet.
+ACTIONS_LIMIT = 256 * 1024 * 1024
+
+
+def _inventory_filter(buckets, ids):
+    """
+    Which entries an inventory returns: a set of ids, a bucket test, or None for all.
+    """
+    if ids is not None:
+        return {multimaster_ids.check_id(i, "minion id") for i in ids}
+    if buckets is not None:
+        chosen = {int(b) for b in buckets}
+        return lambda minion_id: multimaster_keys.bucket_of(minion_id) in chosen
+    return None
+
+
+def peer_inventory(minion_opts, master, mopts, buckets=None, ids=None, with_pubs=False):
+    """
+    What ``multimaster_peer.key_inventory`` answers for ``master`` (its opts ``mopts``): digests
+    only without ``buckets``/``ids``, else the entries in them (and their public keys with
+    ``with_pubs``); always a fresh challenge (``binding``). Records the accepted and pending
+    ids it read as held.
+    """
+    alive = multimaster_daemon.master_alive(master, mopts)
+    wanted = _inventory_filter(buckets, ids)
+    full_scan = wanted is None
+    with _fingerprint_cache(minion_opts, mopts, full_scan) as fp_cache:
+        entries, pubs = inventory(mopts, with_pubs=with_pubs, ids=wanted, fp_cache=fp_cache)
+    # What the key reactor on this master checks a delete event against.
+    note_held(mopts, entries, wanted)
+    ret = {"alive": alive, "binding": multimaster_seal.binding(minion_opts, master)}
+    if full_scan:
+        total, per_bucket = multimaster_keys.digests(entries)
+        ret.update(
+            digest=total, buckets=per_bucket, count=len(entries), repair=repair_needed(mopts)
+        )
+        return ret
+    ret.update(entries=entries, pubs=pubs)
+    return ret
+
+
+@contextlib.contextmanager
+def _fingerprint_cache(minion_opts, mopts, full_scan):
+    """
+    Fingerprints of this master's key files from the last full scan, kept in this minion's
+    cachedir (public data only): a re-run reads only the files that changed.
+    """
+    name = hashlib.sha256(mopts["pki_dir"].encode()).hexdigest()[:16]
+    path = os.path.join(minion_opts["cachedir"], "multimaster", f"fingerprints-{name}.p")
+    try:
+        with salt.utils.files.fopen(path, "rb") as handle:
+            known = salt.payload.load(handle)
+    except (OSError, ValueError, TypeError):
+        known = {}
+    cache = FingerprintCache(known if isinstance(known, dict) else {})
+    yield cache
+    if full_scan and cache.changed:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with salt.utils.atomicfile.atomic_open(path, "wb") as handle:
+            salt.payload.dump(cache.seen, handle)
+
+
+def checked_action(action):
+    """
+    ``(action, canonical pem)`` after checking id, op and that the key is canonical and has the
+    planned fingerprint; raises before anything is written.
+    """
+    if not isinstance(action, dict):
+        raise CommandExecutionError(f"key action {action!r} is not a mapping")
+    multimaster_ids.check_id(action.get("id"), "minion id")
+    if action.get("op") not in TARGET_STATE:
+        raise CommandExecutionError(f"unknown key action {action.get('op')!r}")
+    if action["op"] == "delete":
+        return action, None
+    pem = multimaster_keys.canonical(action.get("pub"), f"key of {action['id']!r}")
+    if multimaster_keys.fingerprint(pem) != action.get("fp"):
+        raise multimaster_keys.InvalidKeyError(
+            f"key of {action['id']!r}: fingerprint {multimaster_keys.fingerprint(pem)} "
+            f"does not match the planned {action.get('fp')}"
+        )
+    return action, pem
+
+
+def _pulled_actions(transfer, pull):
+    instruction = multimaster_transport.pulled_json(transfer, ACTIONS_LIMIT, "key actions", pull)
+    actions = instruction.get("actions") if isinstance(instruction, dict) else None
+    if not isinstance(actions, list):
+        raise CommandExecutionError("key actions: the pulled transfer holds no action list")
+    return actions
+
+
+def apply_ordered_actions(minion_opts, master, mopts, transfer, order, pull):
+    """
+    What ``multimaster_peer.apply_key_actions`` answers: the actions pulled with ``pull``,
+    applied only under a valid ``order``, every one checked first; counts and samples.
+    """
+    actions = _pulled_actions(transfer, pull)
+    multimaster_seal.check_order_for(
+        minion_opts, master, order, {"actions": actions}, "key_actions"
+    )
+    checked = [checked_action(action) for action in actions]
+    start = time.monotonic()
+    done = apply_actions(mopts, checked)
+    log.info("multimaster: %d key change(s) in %.2fs", len(done["done"]), time.monotonic() - start)
+    counts = {}
+    for item in done["done"]:
+        counts[item["op"]] = counts.get(item["op"], 0) + 1
+    # Counts and a sample: a 10,000-key return would cost more on the wire than the work itself.
+    return {
+        "changes": counts,
+        "ids": sorted(item["id"] for item in done["done"])[:SAMPLE],
+        "skipped": done["skipped"][:SAMPLE],
+        "skipped_count": len(done["skipped"]),
+        "repaired": done["repaired"][:SAMPLE],
+        "rotated": done["rotated"],
+    }

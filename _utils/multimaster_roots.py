@@ -25,10 +25,11 @@ import stat
 import time
 
 import multimaster_safefs
+import multimaster_seal
 import multimaster_transport
 import salt.utils.atomicfile
 import salt.utils.json
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 # A file changed this recently is hashed again next time: a second write within one timestamp
 # tick would leave its size, mtime and ctime as they were.
@@ -909,3 +910,268 @@ def differences(files, modes, their_files, their_modes, shown, named=True):
     keys = {"missing": "add", "changed": "change", "mode": "mode", "extra": "delete"}
     keys["dir_mode"] = "dir_mode"
     return {k: diff[v][:shown] if named else len(diff[v]) for k, v in keys.items() if diff[v]}
+
+
+# --- peer side (run by a control minion) ---
+
+# How many skipped entries and failures a return lists; counts are always complete.
+SAMPLE = 50
+# The largest sealed roots plan accepted.
+PLAN_LIMIT = 64 * 1024 * 1024
+
+
+def roots_of(mopts, kind):
+    """
+    ``{env: [path, ...]}`` of this master's ``kind`` (its own config; never an argument).
+    """
+    roots = mopts.get(kind) or {}
+    return {env: [str(path) for path in paths] for env, paths in roots.items()}
+
+
+def summarized_manifests(mopts, kinds):
+    """
+    ``(roots, files, modes)`` of this master's ``kinds``: per kind, env and position the root's
+    path, digest, file count and skipped entries (``_summary``); and the file manifests and
+    directory modes in the same shape.
+    """
+    found = manifests(mopts, kinds)
+    roots = {
+        kind: {env: [_summary(kind, r) for r in rs] for env, rs in envs.items()}
+        for kind, envs in found.items()
+    }
+    files, modes = (
+        {
+            kind: {env: [r[part] for r in rs] for env, rs in envs.items()}
+            for kind, envs in found.items()
+        }
+        for part in ("files", "dirs")
+    )
+    return roots, files, modes
+
+
+def _summary(kind, root):
+    """
+    What a return may say of one root's manifest: its path, digest, file count and how many
+    entries were skipped, with a sample of those (path and why) for ``file_roots`` only: the
+    names of pillar files are for sealed manifests.
+    """
+    summary = {
+        "path": root["path"],
+        "digest": root["digest"],
+        "count": len(root["files"]),
+        "skipped_count": len(root["skipped"]),
+    }
+    if kind != "pillar_roots":
+        summary["skipped"] = dict(list(root["skipped"].items())[:SAMPLE])
+    return summary
+
+
+def narrowed(files, modes, dirs):
+    """
+    ``(files, modes, partial)`` in the shape of ``files``: each root's manifest and directory
+    modes cut down to the directories whose digests differ from the primary's ``dirs`` (the
+    directories themselves in ``partial``), or whole (``None`` in ``partial``) where ``dirs``
+    says nothing usable.
+    """
+    cut_files, cut_modes, partial = {}, {}, {}
+    for kind, envs in files.items():
+        for env, roots in envs.items():
+            theirs = dirs.get(kind, {}).get(env) if isinstance(dirs, dict) else None
+            for index, manifest in enumerate(roots):
+                mine = modes[kind][env][index]
+                their_digests = (
+                    theirs[index] if isinstance(theirs, list) and index < len(theirs) else None
+                )
+                if not isinstance(their_digests, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in their_digests.items()
+                ):
+                    cut, where = manifest, None
+                else:
+                    where = differing_dirs(manifest, their_digests, mine)
+                    cut = within(manifest, where)
+                    mine = modes_within(mine, where)
+                cut_files.setdefault(kind, {}).setdefault(env, []).append(cut)
+                cut_modes.setdefault(kind, {}).setdefault(env, []).append(mine)
+                partial.setdefault(kind, {}).setdefault(env, []).append(where)
+    return cut_files, cut_modes, partial
+
+
+def peer_manifest(
+    minion_opts, master, mopts, kinds, full=False, nonce=None, unless=None, dirs=None
+):
+    """
+    What ``multimaster_peer.roots_manifest`` answers for ``master`` (its opts ``mopts``): the
+    summaries and real paths of its roots, a fresh challenge and, with ``full``, the manifests
+    of the kinds that differ from ``unless``, cut to ``dirs`` and sealed to the master that
+    asked, bound to its ``nonce``.
+    """
+    roots, files, modes = summarized_manifests(
+        mopts, [kind for kind in kinds if kind in ROOT_KINDS]
+    )
+    ret = {
+        "roots": roots,
+        "real": real_layout(mopts),
+        "binding": multimaster_seal.binding(minion_opts, master),
+    }
+    mine, theirs = digests(roots), unless if isinstance(unless, dict) else {}
+    differing = {kind: envs for kind, envs in files.items() if mine[kind] != theirs.get(kind)}
+    if full and differing:
+        files, modes, partial = narrowed(differing, modes, dirs)
+        ret["sealed"] = multimaster_seal.seal(
+            {"files": files, "dir_modes": modes, "dirs": partial},
+            "roots_manifest",
+            master["id"],
+            multimaster_seal.own_file(minion_opts, "minion_master.pub"),
+            multimaster_seal.own_file(minion_opts, "minion.pem"),
+            multimaster_seal.bind(nonce, master["id"], master["config_dir"]),
+        )
+    return ret
+
+
+def paired_root(mopts, pair):
+    """
+    This master's root for ``pair`` (kind, env, position), from its own config.
+    """
+    kind, env, index = pair.get("kind"), pair.get("env"), pair.get("index")
+    paths = roots_of(mopts, kind).get(env) if kind in ROOT_KINDS else None
+    if not paths or not isinstance(index, int) or not 0 <= index < len(paths):
+        raise CommandExecutionError(f"no {kind} root at position {index!r} of env {env!r} here")
+    return paths[index]
+
+
+def _failure(root, pair, what, exc):
+    """
+    One line of the apply report: the root, and for ``file_roots`` ``what`` failed (a quoted
+    path, or what the step was) and the error; for ``pillar_roots`` only why, without a path
+    (the names of pillar files never leave the sealed manifests and plan: a return lands in
+    job caches).
+    """
+    if pair.get("kind") == "pillar_roots":
+        reason = getattr(exc, "reason", None) or exc.strerror or "refused"
+        return f"{root}: a pillar file or directory: {reason}"
+    return f"{root}: {what}: {exc}"
+
+
+def _delete_all(root, pair, report):
+    for path in pair.get("delete") or []:
+        try:
+            multimaster_safefs.delete_file(root, path)
+            report["deleted"] += 1
+        except OSError as exc:
+            report["failed"].append(_failure(root, pair, repr(path), exc))
+
+
+def _write_all(reader, root, pair, report):
+    synced_dirs = set()
+    for entry in pair.get("write") or []:
+        blocks = reader.blocks(entry["size"])
+        try:
+            multimaster_safefs.write_file(
+                root, entry["path"], blocks, entry["mode"], entry["sha256"], synced_dirs
+            )
+            report["written"] += 1
+            report["bytes"] += entry["size"]
+        except OSError as exc:
+            report["failed"].append(_failure(root, pair, repr(entry["path"]), exc))
+        # Keep the stream aligned: what a refused write did not read belongs to this file.
+        for _ in blocks:
+            pass
+    try:
+        multimaster_safefs.sync_dirs(root, synced_dirs)
+    except OSError as exc:
+        report["failed"].append(_failure(root, pair, "syncing the directories written", exc))
+
+
+def _set_dir_modes(root, pair, report):
+    """
+    Give the directories of ``pair`` their planned modes (those that exist: the writes make
+    the others, private until the next call).
+    """
+    for directory, mode in pair.get("dirs") or []:
+        try:
+            report["dir_modes"] += multimaster_safefs.set_dir_mode(root, directory, mode)
+        except OSError as exc:
+            report["failed"].append(_failure(root, pair, repr(directory), exc))
+
+
+def _set_file_modes(root, pair, report):
+    for path, mode in pair.get("mode") or []:
+        try:
+            multimaster_safefs.set_mode(root, path, mode)
+            report["modes"] += 1
+        except OSError as exc:
+            report["failed"].append(_failure(root, pair, repr(path), exc))
+
+
+def _clear_temps(root, pair, report):
+    try:
+        multimaster_safefs.clear_temps(root)
+    except OSError as exc:
+        report["failed"].append(_failure(root, pair, "leftover temporary files", exc))
+
+
+def _clear_file_list_cache(mopts):
+    # What ``salt-run fileserver.clear_file_list_cache backend=roots`` does: the master sees
+    # new files at once instead of after fileserver_list_cache_time.
+    cache = os.path.join(mopts["cachedir"], "file_lists", "roots")
+    with contextlib.suppress(OSError):
+        for name in os.listdir(cache):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(cache, name))
+
+
+def _content_pull(minion_opts, salt_functions):
+    return multimaster_transport.ContentPull(
+        minion_opts, multimaster_transport.puller(salt_functions)
+    )
+
+
+def _opened_plan(minion_opts, salt_functions, master, plan):
+    """
+    The body of the roots plan ``plan`` (a transfer descriptor), pulled and unsealed.
+    """
+    with contextlib.closing(_content_pull(minion_opts, salt_functions)) as pull:
+        envelope = multimaster_transport.pulled_json(plan, PLAN_LIMIT, "roots plan", pull)
+    body, _ = multimaster_seal.unsealed_for(minion_opts, master, envelope, "roots")
+    return body
+
+
+def _apply_pairs(reader, resolved, report):
+    # Deletions first: a file the primary turned into a directory (or the reverse) is out of
+    # the way before its replacement is written.
+    for root, pair in resolved:
+        _clear_temps(root, pair, report)
+        _delete_all(root, pair, report)
+        _set_dir_modes(root, pair, report)
+    for root, pair in resolved:
+        _write_all(reader, root, pair, report)
+    for root, pair in resolved:
+        _set_dir_modes(root, pair, report)
+        _set_file_modes(root, pair, report)
+    if reader.read(1):
+        report["failed"].append("the content stream is longer than the plan")
+
+
+def apply_plan(minion_opts, salt_functions, master, mopts, plan):
+    """
+    What ``multimaster_peer.apply_roots`` answers: the sealed plan ``plan`` opened, its content
+    stream pulled (``salt_functions`` is the control minion's ``__salt__``: its ``peer_run``
+    pull) and applied to this master's paired roots under its roots lock; counts, bytes, the
+    path the content came by (``via``) and a sample of failures.
+    """
+    body = _opened_plan(minion_opts, salt_functions, master, plan)
+    pairs = body.get("pairs") or []
+    resolved = [(paired_root(mopts, pair), pair) for pair in pairs]
+    key = bytes.fromhex(body["key"])
+    report = {"written": 0, "bytes": 0, "modes": 0, "dir_modes": 0, "deleted": 0, "failed": []}
+    pull = _content_pull(minion_opts, salt_functions)
+    stream = multimaster_transport.chunks(
+        multimaster_transport.check_descriptor(body.get("content")), pull, key
+    )
+    reader = multimaster_transport.Reader(stream)
+    with contextlib.closing(pull), contextlib.closing(stream), locked(mopts):
+        _apply_pairs(reader, resolved, report)
+    _clear_file_list_cache(mopts)
+    report["failed"] = report["failed"][:SAMPLE]
+    report["via"] = pull.via
+    return report

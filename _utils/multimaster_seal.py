@@ -390,3 +390,72 @@ class ChallengeStore:
                         os.unlink(path)
             except (OSError, ValueError):
                 continue
+
+
+# --- peer side (run by a control minion) ---
+
+
+def own_file(minion_opts, name):
+    """
+    The text of ``name`` in this control minion's pki dir (``minion.pem``,
+    ``minion_master.pub``).
+    """
+    with open(os.path.join(minion_opts["pki_dir"], name), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def challenges(minion_opts):
+    """
+    This control minion's store of single-use challenges.
+    """
+    return ChallengeStore(os.path.join(minion_opts["cachedir"], "multimaster", "challenges"))
+
+
+def expected(master):
+    """
+    What an order or envelope for ``master`` must be bound to.
+    """
+    return {"target": master["id"], "config_dir": master["config_dir"]}
+
+
+def binding(minion_opts, master):
+    """
+    A fresh challenge and what the runner must bind its next order to.
+    """
+    return {
+        "challenge": challenges(minion_opts).issue(),
+        "target": master["id"],
+        "config_dir": master["config_dir"],
+    }
+
+
+def unsealed_for(minion_opts, master, envelope, purpose):
+    """
+    ``(body, bound)`` of an envelope sealed to this control minion by the master it trusts
+    (``minion_master.pub``), bound to ``master`` and a challenge of ours.
+    """
+    return unseal(
+        envelope,
+        purpose,
+        minion_opts["id"],
+        own_file(minion_opts, "minion.pem"),
+        own_file(minion_opts, "minion_master.pub"),
+        expected(master),
+        challenges(minion_opts),
+    )
+
+
+def check_order_for(minion_opts, master, document, instruction, purpose):
+    """
+    Check an order signed by the master this control minion trusts, bound to ``master`` and a
+    challenge of ours (see ``check_order``).
+    """
+    return check_order(
+        document,
+        instruction,
+        purpose,
+        minion_opts["id"],
+        own_file(minion_opts, "minion_master.pub"),
+        expected(master),
+        challenges(minion_opts),
+    )

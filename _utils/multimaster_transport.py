@@ -31,11 +31,13 @@ from contextlib import contextmanager
 
 import multimaster_jobcache
 import multimaster_safefs
+import salt.channel.client
 import salt.loader
 import salt.utils.jid
+import salt.utils.json
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from salt.exceptions import CommandExecutionError
+from salt.exceptions import CommandExecutionError, SaltReqTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -749,3 +751,101 @@ class Reader:
                 raise TransferError("the stream ended inside a file")
             size -= len(data)
             yield data
+
+
+# --- peer side (run by a control minion) ---
+
+PULL_TIMEOUT = 60
+
+
+def puller(salt_functions):
+    """
+    ``pull(ticket, offset)``: one chunk of a transfer staged for this minion, from the master
+    that sent this job (``peer_run`` on the request channel of the minion connection that
+    received it). Made in the job's thread: the transport pulls from a worker thread, where
+    Salt 3006/3007 resolve no loader global (``__salt__``), so the function is looked up here.
+    """
+    runner = salt_functions["publish.runner"]
+
+    def pull(ticket, offset):
+        return runner(PULL, arg=[f"ticket={ticket}", f"offset={offset}"], timeout=PULL_TIMEOUT)
+
+    return pull
+
+
+class ContentPull:
+    """
+    ``pull(ticket, offset)`` for a roots plan or content stream: through the file server of
+    the master that sent this job (``_serve_file`` on this minion's request channel to it: no
+    runner job there, one key load per ``REQUESTS_PER_CHANNEL`` here), or through its
+    ``peer_run`` pull (``peer_run``, from ``puller``) when that file server does not serve
+    transfers (its ``fileserver_backend`` does not name ``multimaster`` yet, or it has not been
+    restarted since) or refuses a published ticket to a request without an id (Salt before
+    3008). ``via`` says which; ``close`` when the stream is done.
+    """
+
+    # Requests per channel: Salt's request channel keeps what it received while it is open
+    # (a channel kept for a 200 MB stream grew the minion by 220 MB in bench_sync_roots), and
+    # a new channel loads this minion's key again (a channel per 1 MiB chunk: 18 s, not 10 s).
+    REQUESTS_PER_CHANNEL = 16
+
+    def __init__(self, minion_opts, peer_run):
+        # Made in the job's thread, called from the transport's worker thread (see puller).
+        self.via = "fileserver"
+        self._opts = dict(minion_opts)
+        self._peer_run = peer_run
+        self._channel = None
+        self._requests = 0
+
+    def _fileserver_pull(self, ticket, offset):
+        if self._requests == self.REQUESTS_PER_CHANNEL:
+            self.close()
+        if self._channel is None:
+            self._channel = salt.channel.client.ReqChannel.factory(self._opts)
+            self._requests = 0
+        self._requests += 1
+        load = {
+            "cmd": "_serve_file",
+            "path": FILESERVER_PREFIX + ticket,
+            "loc": offset,
+            "saltenv": "base",
+        }
+        try:
+            return self._channel.send(load, timeout=PULL_TIMEOUT)
+        except SaltReqTimeoutError:
+            return {"error": f"the file server did not answer within {PULL_TIMEOUT} s"}
+
+    def __call__(self, ticket, offset):
+        if self.via == "fileserver":
+            answer = self._fileserver_pull(ticket, offset)
+            if (
+                isinstance(answer, dict)
+                and answer.get("error") != NEEDS_ID
+                and {"error", "offset", "done"} & set(answer)
+            ):
+                return answer
+            if offset:
+                return {"error": f"the file server stopped serving the transfer at {offset}"}
+            # Salt's answer for a path no backend has, or a Salt that signs no id into the
+            # request for a ticket that needs one: pull the same ticket by peer_run.
+            self.via = "peer_run"
+        return self._peer_run(ticket, offset)
+
+    def close(self):
+        """
+        Close the request channel, if one was opened.
+        """
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+
+def pulled_json(transfer, limit, what, pull):
+    """
+    The JSON document of the transfer ``transfer`` pulled with ``pull``, at most ``limit``
+    bytes; ``what`` names it in the refusal.
+    """
+    try:
+        return salt.utils.json.loads(fetch(transfer, pull, limit))
+    except ValueError:
+        raise CommandExecutionError(f"{what}: the pulled transfer is not JSON") from None

@@ -126,7 +126,7 @@ def test_a_master_that_accepts_unsigned_requests_serves_no_ticket_by_any_path(
 
 
 def test_the_peer_pulls_a_published_ticket_by_peer_run_where_salt_sends_no_id(peer):
-    pull = peer._ContentPull()
+    pull = peer.pull()
     pull._fileserver_pull = lambda t, o: {"error": transport.NEEDS_ID}
     assert pull("t1", 0) == {"o": 0}
     assert pull.via == "peer_run" and peer.calls == [("peer_run", 0)]
@@ -167,21 +167,28 @@ def test_a_chunk_salt_handed_over_as_str_is_restored():
     assert transport._decoded({"bytes": 3}) is None
 
 
+class Peer:
+    """
+    cm2's side of a pull: ``pull()`` is its ``ContentPull``, whose ``peer_run`` pulls are
+    recorded in ``calls``.
+    """
+
+    def __init__(self):
+        self.calls = []
+
+    def pull(self):
+        peer_run = lambda t, o: self.calls.append(("peer_run", o)) or {"o": o}  # noqa: E731
+        return transport.ContentPull({"id": "cm2"}, peer_run)
+
+
 @pytest.fixture
-def peer(monkeypatch):
-    module = load_module("multimaster_peer_fileserver", "_modules/multimaster_peer.py")
-    calls = []
-    module.__opts__ = {"id": "cm2"}
-    monkeypatch.setattr(
-        module, "_puller", lambda: lambda t, o: calls.append(("peer_run", o)) or {"o": o}
-    )
-    module.calls = calls
-    return module
+def peer():
+    return Peer()
 
 
 def test_the_peer_falls_back_to_peer_run_where_the_file_server_does_not_serve(peer):
     # Salt's answer when no backend has the path: a master without the multimaster backend.
-    pull = peer._ContentPull()
+    pull = peer.pull()
     pull._fileserver_pull = lambda t, o: peer.calls.append(("fileserver", o)) or {"data": ""}
     assert pull("t1", 0) == {"o": 0} and pull("t1", 4) == {"o": 4}
     assert pull.via == "peer_run"
@@ -190,7 +197,7 @@ def test_the_peer_falls_back_to_peer_run_where_the_file_server_does_not_serve(pe
 
 def test_the_peer_pulls_through_the_file_server_and_never_falls_back_mid_stream(peer):
     answers = {0: {"bytes": b"x", "offset": 0, "size": 2}, 1: {"data": "", "dest": ""}}
-    pull = peer._ContentPull()
+    pull = peer.pull()
     pull._fileserver_pull = lambda t, o: answers[o]
     assert pull("t1", 0)["bytes"] == b"x"
     assert "stopped serving" in pull("t1", 1)["error"]

@@ -62,7 +62,7 @@ def serves(peer, monkeypatch):
                 raise outcome
             return outcome["served"], outcome["reason"]
 
-        monkeypatch.setattr(peer, "_verify_served", verify)
+        monkeypatch.setattr(peer.multimaster_masterkey, "verify_served", verify)
 
     return serves
 

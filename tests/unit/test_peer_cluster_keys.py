@@ -84,7 +84,7 @@ def held(dirs):
 
 def test_it_reports_what_it_holds_by_fingerprint(peer):
     ret = peer.cluster_peer_keys()
-    fingerprint = peer.multimaster_keys.fingerprint
+    fingerprint = mc.multimaster_keys.fingerprint
     assert ret["held"] == {a: fingerprint(PEER_KEYS[a]) for a in (OWN, ADDRESSES[0])}
     assert ret["binding"]["target"] == OWN
 

@@ -10,6 +10,8 @@ import pytest
 from .helpers import load_module
 from .transfers import master_serving, stage_json
 
+import multimaster_daemon  # noqa: E402  isort: skip
+
 MASTER = {"id": "m2", "host": "10.0.0.2", "config_dir": "/etc/salt", "minion_id": "cm2"}
 SECTION = {"ports": {"publish": 4505, "ret": 4506}, "masters": [MASTER]}
 
@@ -54,8 +56,8 @@ def calls(peer, monkeypatch):
     The daemon and key store calls, recorded in order; the envelope opens to a fixed pair.
     """
     calls = []
-    monkeypatch.setattr(peer, "_opened_pair", lambda *a: ("PEM", "PUB", "ab"))
-    keystore, daemon = peer.multimaster_keystore, peer.multimaster_daemon
+    monkeypatch.setattr(peer.multimaster_masterkey, "opened_pair", lambda *a: ("PEM", "PUB", "ab"))
+    keystore, daemon = peer.multimaster_keystore, multimaster_daemon
     monkeypatch.setattr(keystore, "master_opts", lambda d: {"pidfile": "/run/m.pid"})
     monkeypatch.setattr(keystore, "read_master_key", lambda *a, **k: None)
     monkeypatch.setattr(

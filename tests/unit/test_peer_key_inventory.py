@@ -9,6 +9,9 @@ from .helpers import HOT_PAIR as SECTION
 from .helpers import load_module
 from .keyfactory import pub_pem, rsa_private
 
+import multimaster_daemon  # noqa: E402  isort: skip
+import multimaster_keys  # noqa: E402  isort: skip
+
 PEM = pub_pem(rsa_private(tag=5))
 
 
@@ -50,7 +53,7 @@ def configure_loader_modules(peer, tmp_path):
 @pytest.fixture(autouse=True)
 def this_master(peer, mopts, monkeypatch):
     monkeypatch.setattr(peer.multimaster_keystore, "master_opts", lambda config_dir: mopts)
-    monkeypatch.setattr(peer, "_master_alive", lambda master, opts: True)
+    monkeypatch.setattr(multimaster_daemon, "master_alive", lambda master, opts: True)
 
 
 def put(mopts, state_dir, minion_id):
@@ -60,7 +63,7 @@ def put(mopts, state_dir, minion_id):
 
 def test_a_read_records_the_accepted_and_pending_ids_it_saw(peer, mopts):
     keystore = peer.multimaster_keystore
-    fp = peer.multimaster_keys.fingerprint(PEM)
+    fp = multimaster_keys.fingerprint(PEM)
     put(mopts, "minions", "web1")
     put(mopts, "minions_pre", "web2")
     put(mopts, "minions_rejected", "web3")

@@ -368,12 +368,7 @@ def test_directory_digests_name_only_the_directories_that_differ(tree, tmp_path)
     ]
 
 
-@pytest.fixture
-def peer_module():
-    return load_module("multimaster_peer_roots", "_modules/multimaster_peer.py")
-
-
-def test_a_peer_manifest_cut_to_the_differing_directories_plans_as_the_whole_one(tree, peer_module):
+def test_a_peer_manifest_cut_to_the_differing_directories_plans_as_the_whole_one(tree):
     dirs = {}
     files = roots.manifest(tree, dirs=dirs)[0]
     local = {
@@ -387,7 +382,7 @@ def test_a_peer_manifest_cut_to_the_differing_directories_plans_as_the_whole_one
     whole = {"file_roots": {"base": [theirs]}}
     modes = {"file_roots": {"base": [their_dirs]}}
     sent = roots.published_dir_digests(local)
-    cut, cut_modes, partial = peer_module._narrowed(whole, modes, sent)
+    cut, cut_modes, partial = roots.narrowed(whole, modes, sent)
     assert partial == {"file_roots": {"base": [["", "gone", "nested", "nested/deep"]]}}
     assert "top.sls" in cut["file_roots"]["base"][0]  # same directory as the missing blob
     assert "with space.sls" in cut["file_roots"]["base"][0]
@@ -400,13 +395,13 @@ def test_a_peer_manifest_cut_to_the_differing_directories_plans_as_the_whole_one
     assert pairs[0]["delete"] == ["gone/old.sls"]
     assert pairs[0]["dirs"] == [["nested", dirs["nested"]]]
     # Digests the publish cannot carry, or garbage in their place: the whole manifest.
-    assert peer_module._narrowed(whole, modes, None) == (
+    assert roots.narrowed(whole, modes, None) == (
         whole,
         modes,
         {"file_roots": {"base": [None]}},
     )
     garbage = {"file_roots": {"base": [{"x": 1}]}}
-    assert peer_module._narrowed(whole, modes, garbage)[0] == whole
+    assert roots.narrowed(whole, modes, garbage)[0] == whole
 
 
 def test_a_peer_s_directory_list_that_does_not_match_its_manifests_is_refused():

@@ -16,7 +16,11 @@ from .helpers import HOT_PAIR, load_module
 from .keyfactory import priv_pem, pub_pem, rsa_private
 
 import multimaster_control  # noqa: E402  isort: skip
+import multimaster_keystore  # noqa: E402  isort: skip
+import multimaster_masterkey  # noqa: E402  isort: skip
 import multimaster_returns  # noqa: E402  isort: skip
+import multimaster_safefs  # noqa: E402  isort: skip
+import multimaster_status  # noqa: E402  isort: skip
 import multimaster_transport  # noqa: E402  isort: skip
 
 PRIMARY_KEY = rsa_private(tag=20)
@@ -93,8 +97,12 @@ def hosts(tmp_path, monkeypatch):
     runner.__opts__ = dict(primary.opts, multimaster=SECTION, conf_file=str(tmp_path / "none"))
     runner.__context__ = {}
     by_minion = {h.entry["minion_id"]: h for h in (primary, peer)}
-    for host in by_minion.values():
-        monkeypatch.setattr(host.peer._ContentPull, "_fileserver_pull", host.serve)
+    # One pull class for both control minions: each pull is served to the minion that made it.
+    monkeypatch.setattr(
+        multimaster_transport.ContentPull,
+        "_fileserver_pull",
+        lambda pull, ticket, offset: by_minion[pull._opts["id"]].serve(ticket, offset),
+    )
 
     def cmd_returns(client, minions, fun, kwarg=None, timeout=None):
         return {m: {"ret": by_minion[m].call(fun, kwarg), "retcode": 0} for m in minions}
@@ -134,7 +142,7 @@ def modes_at_writes(hosts, monkeypatch):
     """
     _, _, peer = hosts
     seen = []
-    safefs = peer.peer.multimaster_safefs
+    safefs = multimaster_safefs
     real = safefs.write_file
 
     def write_file(root, relpath, *args, **kwargs):
@@ -241,19 +249,24 @@ def test_pillar_file_names_are_in_no_runner_or_peer_return(hosts, tmp_path):
 def test_status_names_no_pillar_file_of_a_differing_root(hosts, tmp_path, monkeypatch):
     runner, primary, peer = hosts
     named_pillar(primary, peer, tmp_path)
-    for host in (primary, peer):
-        binding = {"challenge": "c" * 64, "target": host.entry["id"], "config_dir": "/etc/salt"}
-        keys = {"alive": True, "digest": "0" * 64, "buckets": {}, "count": 0, "repair": False}
-        monkeypatch.setattr(
-            host.peer, "key_inventory", lambda b=binding, k=keys: dict(k, binding=b)
-        )
-        monkeypatch.setattr(
-            host.peer,
-            "master_key_info",
-            lambda signing=False, b=binding: {"pub": None, "binding": b},
-        )
-        monkeypatch.setattr(host.peer, "_store_problems", lambda signing: [])
-        monkeypatch.setattr(host.peer, "ping_minions", lambda timeout=5: [])
+
+    # The same answers on both hosts, but for the binding each names its own master in.
+    def binding(master):
+        return {"challenge": "c" * 64, "target": master["id"], "config_dir": "/etc/salt"}
+
+    keys = {"alive": True, "digest": "0" * 64, "buckets": {}, "count": 0, "repair": False}
+    monkeypatch.setattr(
+        multimaster_keystore,
+        "peer_inventory",
+        lambda minion_opts, master, mopts: dict(keys, binding=binding(master)),
+    )
+    monkeypatch.setattr(
+        multimaster_masterkey,
+        "master_key_info",
+        lambda minion_opts, master, mopts, signing=False: {"pub": None, "binding": binding(master)},
+    )
+    monkeypatch.setattr(multimaster_status, "store_problems", lambda mopts, signing: [])
+    monkeypatch.setattr(multimaster_status, "ping_minions", lambda config_dir, timeout=5: [])
     ret = runner.status()
     assert ret["roots_equal"] is False and "pillar_roots base 0" in ret["roots_differ"], ret
     assert ret["roots_differ"]["pillar_roots base 0"]["m2"], ret
