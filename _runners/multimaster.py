@@ -37,6 +37,7 @@ try:
     import multimaster_ids
     import multimaster_keys
     import multimaster_keystore
+    import multimaster_keysync
     import multimaster_reactor
     import multimaster_roots
     import multimaster_seal
@@ -139,212 +140,15 @@ _bound = multimaster_control.bound
 # --- minion keys -----------------------------------------------------------------------------
 
 
-def _inventory_check(kind):
-    def check(answer):
-        checked = multimaster_keys.check_inventory_return(answer, kind)
-        checked["binding"] = answer.get("binding")
-        return checked
-
-    return check
+# Shims for the master key and status planes, and the reactors (``key_event``).
 
 
 def _inventories(section, timeout, ids=None):
-    """
-    Entries and pubs of every master, fetched only where digests differ (or for ``ids``).
-    Returns ``{"inventories", "pubs", "bindings", "errors", "repair", "totals", "keyless"}``
-    (``totals``: each master's key count, when digests were read; ``keyless``: the masters whose
-    entries came without their keys).
-    """
-    masters = _ids(section)
-    found = {"bindings": {}, "errors": {}, "repair": [], "totals": None, "keyless": []}
-    if ids is None:
-        digests, found["errors"] = _call(
-            section, masters, "key_inventory", {}, timeout, _inventory_check("digests")
-        )
-        found["bindings"] = {m: d["binding"] for m, d in digests.items()}
-        found["repair"] = [m for m, d in digests.items() if d["repair"]]
-        found["totals"] = {m: d["count"] for m, d in digests.items()}
-        if len({d["digest"] for d in digests.values()}) <= 1:
-            return dict(found, inventories={m: {} for m in digests}, pubs={})
-        buckets = set()
-        for digest in digests.values():
-            buckets.update(digest["buckets"])
-        differing = [
-            b for b in sorted(buckets) if len({d["buckets"].get(b) for d in digests.values()}) > 1
-        ]
-        # Peers send entries without keys: the keys a sync copies are nearly always this
-        # master's, and a key only a peer holds is fetched afterwards (``_missing_pubs``).
-        kwarg = {"buckets": differing, "with_pubs": False}
-        # This master's own keys are read here, not returned by its control minion (at 10,000
-        # keys that return is megabytes through the job return path); a master with no entry
-        # in the differing buckets (a new one) has nothing to return. Both keep the challenge
-        # the digest round issued.
-        own = _this_master(section)
-        own = own if own in digests else None
-        full = {}
-        for master, digest in digests.items():
-            if master == own:
-                full[master] = _own_inventory(differing)
-            elif not set(differing) & set(digest["buckets"]):
-                full[master] = {"entries": {}, "pubs": {}}
-        masters = [m for m in digests if m not in full]
-    else:
-        kwarg = {"ids": ids, "with_pubs": True}
-        full = {}
-    asked, errors = (
-        _call(section, masters, "key_inventory", kwarg, timeout, _inventory_check("entries"))
-        if masters
-        else ({}, {})
-    )
-    found["errors"].update(errors)
-    found["bindings"].update({m: asked[m]["binding"] for m in asked})
-    if not kwarg["with_pubs"]:
-        found["keyless"] = list(asked)
-    full.update(asked)
-    return dict(
-        found,
-        inventories={m: full[m]["entries"] for m in full},
-        pubs={m: full[m]["pubs"] for m in full},
-    )
-
-
-def _missing_pubs(section, plan, found, timeout):
-    """
-    Add to ``found`` the keys ``plan`` copies that no inventory carried (one only a peer holds),
-    asked by bucket (a bounded publish) from the masters that list those ids; their new
-    challenges replace the earlier ones. A master that fails is a per-master error, and the ids
-    whose key nobody reported are refused by ``attach_pubs``; a master that fails gets no
-    actions this run (the re-run converges).
-    """
-    missing = multimaster_keys.ids_without_pubs(plan, found["pubs"])
-    holders = [m for m in found["keyless"] if missing & set(found["inventories"][m])]
-    if not holders:
-        return
-    buckets = sorted({multimaster_keys.bucket_of(i) for i in missing})
-    asked, errors = _call(
-        section,
-        holders,
-        "key_inventory",
-        {"buckets": buckets, "with_pubs": True},
-        timeout,
-        _inventory_check("entries"),
-    )
-    found["errors"].update(errors)
-    for master in errors:
-        plan["actions"].pop(master, None)
-    for master, answer in asked.items():
-        found["bindings"][master] = answer["binding"]
-        found["pubs"][master] = {**found["pubs"].get(master, {}), **answer["pubs"]}
-
-
-def _own_inventory(buckets):
-    """
-    The entries and public keys of this master's own store in ``buckets``, read in this process
-    (the same store its control minion would read), checked as a peer's answer is.
-    """
-    chosen = set(buckets)
-    entries, pubs = multimaster_keystore.inventory(
-        __opts__,
-        with_pubs=True,
-        ids=lambda minion_id: multimaster_keys.bucket_of(minion_id) in chosen,
-    )
-    answer = {"alive": True, "entries": entries, "pubs": pubs}
-    return multimaster_keys.check_inventory_return(answer, "entries")
-
-
-def _apply_one(section, master, actions, binding, timeout):
-    """
-    Send one master its actions, signed and bound to the challenge it issued.
-    """
-    instruction = {"actions": actions}
-    try:
-        order = multimaster_seal.order(
-            instruction,
-            "key_actions",
-            _by_id(section)[master]["minion_id"],
-            _signer_key(),
-            _bound(_binding({"binding": binding}, master)),
-        )
-    except ValueError as exc:
-        return {"result": False, "error": str(exc)}
-    transfer = _staged(section, master, instruction)
-    answers, errors = _call(
-        section, [master], "apply_key_actions", {"transfer": transfer, "order": order}, timeout
-    )
-    if master in errors:
-        return {"result": False, "error": errors[master]}
-    done = answers[master]
-    return {
-        "result": not done.get("skipped_count"),
-        "changes": done.get("changes"),
-        "ids": done.get("ids"),
-        "skipped": done.get("skipped"),
-        "repaired": done.get("repaired"),
-        "aes_rotated": done.get("rotated"),
-    }
-
-
-def _apply(section, plan, repair, bindings, timeout):
-    """
-    Apply each master's actions, in the order of ``masters``. Returns per-master reports.
-    """
-    report = {}
-    for master in _ids(section):
-        actions = plan["actions"].get(master, [])
-        if not actions and master not in repair:
-            continue
-        _progress(f"{master}: applying {len(actions)} key action(s)")
-        report[master] = _apply_one(section, master, actions, bindings.get(master), timeout)
-    return report
-
-
-_REPORTED = ("conflicts", "pending", "drift", "denied", "spoofed", "invalid", "invalid_keys")
-_FAILING = ("conflicts", "invalid", "invalid_keys")
-
-
-def _summary(plan):
-    summary = {key: plan[key] for key in _REPORTED if plan.get(key)}
-    if plan.get("warnings"):
-        summary["warnings"] = plan["warnings"]
-    return summary
-
-
-def _planned(actions):
-    shown = [{k: a[k] for k in ("id", "op", "fp")} for a in actions[:SHOWN]]
-    if len(actions) > SHOWN:
-        shown.append(f"... and {len(actions) - SHOWN} more")
-    return shown
+    return multimaster_keysync.inventories(_run(), section, timeout, ids)
 
 
 def _reconcile(section, plan_fn, timeout, test, ids=None, force=False):
-    """
-    Inventory, plan, guard, then apply (unless ``test``). Returns ``(report, failed)``.
-    """
-    found = _inventories(section, timeout, ids)
-    errors = found["errors"]
-    plan = plan_fn(found["inventories"])
-    _missing_pubs(section, plan, found, timeout)
-    plan = multimaster_keys.attach_pubs(plan, found["pubs"])
-    ret = {"masters": {}, **_summary(plan)}
-    for master, error in errors.items():
-        ret["masters"][master] = {"result": False, "error": error}
-    refusal = multimaster_keys.revoke_refusal(
-        plan,
-        found["inventories"],
-        max_share=section.get("max_revoke_share", 0.1),
-        force=force,
-        totals=found["totals"],
-    )
-    if refusal:
-        ret["comment"] = f"Refused, nothing changed: {refusal} (force=True to proceed)"
-        return ret, True
-    if test:
-        for master, actions in plan["actions"].items():
-            ret["masters"].setdefault(master, {"result": None})["planned"] = _planned(actions)
-        return ret, bool(errors)
-    ret["masters"].update(_apply(section, plan, found["repair"], found["bindings"], timeout))
-    failed = bool(errors) or any(not r.get("result", True) for r in ret["masters"].values())
-    return ret, failed or any(plan.get(key) for key in _FAILING)
+    return multimaster_keysync.reconcile(_run(), section, plan_fn, timeout, test, ids, force)
 
 
 def sync_keys(minion=None, prune=False, test=False, force=False, masters=None, timeout=60):
@@ -385,53 +189,17 @@ def sync_keys(minion=None, prune=False, test=False, force=False, masters=None, t
         salt-run multimaster.sync_keys minion=web1 test=True
         salt-run multimaster.sync_keys prune=True
     """
-    try:
-        section = _addressable(_configured(masters, "sync_keys"), "sync_keys")
-        ids = None if minion is None else [multimaster_ids.check_id(minion, "minion")]
-        _await_restarts(section)
-    except SaltInvocationError as exc:
-        return _refused(exc)
-    order = _ids(section)
-    ret, failed = _reconcile(
-        section,
-        lambda inv: multimaster_keys.plan(inv, order, prune=prune),
-        timeout,
-        test,
-        ids,
-        force,
+    return multimaster_keysync.sync_keys(
+        _run(), minion=minion, prune=prune, test=test, force=force, masters=masters, timeout=timeout
     )
-    if not test and not failed and not any(r.get("changes") for r in ret["masters"].values()):
-        ret["comment"] = "All masters already hold the same keys"
-    return _finish(ret, failed)
 
 
 def _one_id(
     op, minion_id, fingerprint, test, masters, timeout, force=False, settle=True, **plan_options
 ):
-    try:
-        section = _addressable(_configured(masters, op), op)
-        multimaster_ids.check_id(minion_id, "minion id")
-        if settle:
-            # An operator's command waits out restarts; a reactor never waits on a minion.
-            _await_restarts(section)
-    except SaltInvocationError as exc:
-        return _refused(exc)
-    refused = {}
-
-    def plan_fn(inventories):
-        plan = multimaster_keys.one_id_plan(
-            op, minion_id, fingerprint, inventories, _ids(section), **plan_options
-        )
-        refused["reason"] = plan.pop("refused")
-        if refused["reason"]:
-            plan["actions"] = {m: [] for m in plan["actions"]}
-        return plan
-
-    ret, failed = _reconcile(section, plan_fn, timeout, test, ids=[minion_id], force=force)
-    if refused.get("reason"):
-        ret["comment"] = f"Refused, nothing changed: {refused['reason']}"
-        failed = True
-    return _finish(ret, failed)
+    return multimaster_keysync.one_id(
+        _run(), op, minion_id, fingerprint, test, masters, timeout, force, settle, **plan_options
+    )
 
 
 def accept(minion, fingerprint=None, test=False, masters=None, timeout=60):
@@ -457,7 +225,7 @@ def accept(minion, fingerprint=None, test=False, masters=None, timeout=60):
         salt-run multimaster.accept web1
         salt-run multimaster.accept web1 fingerprint=ab:cd:...
     """
-    return _one_id("accept", minion, fingerprint, test, masters, timeout)
+    return multimaster_keysync.one_id(_run(), "accept", minion, fingerprint, test, masters, timeout)
 
 
 def reject(minion, fingerprint=None, test=False, masters=None, timeout=60):
@@ -480,7 +248,7 @@ def reject(minion, fingerprint=None, test=False, masters=None, timeout=60):
 
         salt-run multimaster.reject web1
     """
-    return _one_id("reject", minion, fingerprint, test, masters, timeout)
+    return multimaster_keysync.one_id(_run(), "reject", minion, fingerprint, test, masters, timeout)
 
 
 def delete(minion, fingerprint=None, test=False, masters=None, timeout=60):
@@ -503,7 +271,7 @@ def delete(minion, fingerprint=None, test=False, masters=None, timeout=60):
 
         salt-run multimaster.delete web1
     """
-    return _one_id("delete", minion, fingerprint, test, masters, timeout)
+    return multimaster_keysync.one_id(_run(), "delete", minion, fingerprint, test, masters, timeout)
 
 
 # --- orchestration ---------------------------------------------------------------------------
