@@ -15,6 +15,7 @@ from .helpers import load_module
 from .keyfactory import priv_pem, pub_pem, rsa_private
 
 import multimaster_control  # noqa: E402  isort: skip
+import multimaster_reactions  # noqa: E402  isort: skip
 import multimaster_returns  # noqa: E402  isort: skip
 import multimaster_seal  # noqa: E402  isort: skip
 import multimaster_settle  # noqa: E402  isort: skip
@@ -718,7 +719,7 @@ def test_key_event_in_a_cluster_retries_a_bus_that_refuses_the_replay(
     """
     monkeypatch.setitem(runner.__opts__, "cluster_id", "c1")
     monkeypatch.setitem(runner.__opts__, "sock_dir", "/run/salt/master")
-    monkeypatch.setattr(runner, "REPLAY_INTERVAL", 0)
+    monkeypatch.setattr(multimaster_reactions, "REPLAY_INTERVAL", 0)
     attempts, fired = [], []
 
     class Bus:
@@ -739,7 +740,7 @@ def test_key_event_in_a_cluster_retries_a_bus_that_refuses_the_replay(
     ret = runner.key_event("web1", "reject")
     assert ret["retcode"] == retcode, ret
     assert fired == ([("salt/key", "reject")] if retcode == 0 else [])
-    assert len(attempts) == min(refusals + 1, runner.REPLAY_ATTEMPTS)
+    assert len(attempts) == min(refusals + 1, multimaster_reactions.REPLAY_ATTEMPTS)
 
 
 # --- first highstate --------------------------------------------------------------------------
@@ -807,7 +808,9 @@ def test_first_highstate_whose_publish_fails_is_tried_again_on_the_next_start(
 
     def refused_once(*args, **kwargs):
         monkeypatch.setattr(client, "cmd_async", publish)
-        raise runner.SaltClientError("Salt request timed out. The master is not responding.")
+        raise multimaster_reactions.SaltClientError(
+            "Salt request timed out. The master is not responding."
+        )
 
     monkeypatch.setattr(client, "cmd_async", refused_once)
     ret = runner.first_highstate("web1")
