@@ -42,6 +42,7 @@ try:
     import multimaster_seal
     import multimaster_settings
     import multimaster_settle
+    import multimaster_status
     import multimaster_transport
 
     HAS_UTILS = True
@@ -934,129 +935,6 @@ def _sync_one_root_set(section, master, local, answer, nonce, test, timeout):
 # --- status ----------------------------------------------------------------------------------
 
 
-def _report_check(answer):
-    answer["keys"] = multimaster_keys.check_inventory_return(answer["keys"], "digests")
-    pub = answer["master_key"].get("pub")
-    answer["master_key"]["fp"] = multimaster_keys.fingerprint(pub) if pub else None
-    if not isinstance(answer.get("answering"), list):
-        raise ValueError("answering is not a list")
-    multimaster_roots.git_check(answer.get("git"))
-    return multimaster_roots.roots_check(answer)
-
-
-def _root_digests(report):
-    """
-    ``{(kind, env, position): (path, digest)}`` of one master's report.
-    """
-    return {
-        (kind, env, index): (root["path"], root["digest"])
-        for kind, envs in report["roots"].items()
-        for env, rs in envs.items()
-        for index, root in enumerate(rs)
-    }
-
-
-def _roots_status(section, reports, timeout):
-    """
-    ``(part, equal)``: each root's digest per master (the roots a master serves from disk,
-    paired by kind, environment and position) and, where they differ, which paths differ from
-    the first reachable master in order (the primary when it answers); the commits every master
-    serves per git remote.
-    """
-    reachable = [m for m in _ids(section) if m in reports]
-    digests = {m: _root_digests(reports[m]) for m in reachable}
-    slots = sorted(set().union(*(d.keys() for d in digests.values())), key=str)
-    part = {"roots": {}}
-    differing = []
-    for slot in slots:
-        seen = {m: digests[m].get(slot) for m in reachable}
-        kind, env, index = slot
-        part["roots"].setdefault(kind, {}).setdefault(env, {})[index] = {
-            m: (f"{v[1][:16]} {v[0]}" if v else None) for m, v in seen.items()
-        }
-        if len({v[1] if v else None for v in seen.values()}) > 1:
-            differing.append(slot)
-    part["roots_equal"] = not differing
-    if differing:
-        part["roots_differ"] = _roots_paths_differ(section, reachable, differing, timeout)
-    served = {m: reports[m]["git"] for m in reachable}
-    remotes = {(role, url) for git in served.values() for role, rs in git.items() for url in rs}
-    equal = True
-    if remotes:
-        part["git"] = {}
-        for role, url in sorted(remotes):
-            commits = {m: served[m].get(role, {}).get(url) for m in reachable}
-            same = len({salt.utils.json.dumps(c, sort_keys=True) for c in commits.values()}) == 1
-            equal = equal and same
-            part["git"][f"{role} {url}"] = (
-                "same commits"
-                if same
-                else {
-                    m: ({b: sha[:12] for b, sha in c.items()} if c else None)
-                    for m, c in commits.items()
-                }
-            )
-        part["git_equal"] = equal
-    return part, not differing and equal
-
-
-def _roots_paths_differ(section, reachable, slots, timeout):
-    """
-    Per differing root, per master: the paths missing, changed, re-moded or extra and the
-    directories of another mode (how many of each for ``pillar_roots``) compared with the first
-    reachable master (manifests sealed to this master, as ``sync_roots`` reads them).
-    """
-    nonce = os.urandom(32).hex()
-    kinds = sorted({kind for kind, _, _ in slots})
-    answers, errors = _call(
-        section,
-        reachable,
-        "roots_manifest",
-        {"kinds": kinds, "full": True, "nonce": nonce},
-        timeout,
-        multimaster_roots.roots_check,
-    )
-    opened = {}
-    for master, answer in answers.items():
-        try:
-            # No directory digests were sent: whole manifests.
-            opened[master] = _opened_manifest(section, master, answer, nonce)[:2]
-        except (SaltInvocationError, multimaster_seal.SealError) as exc:
-            errors[master] = f"manifest of {master}: {exc}"
-        except (KeyError, IndexError, TypeError):
-            errors[master] = _malformed_manifest(master)
-    reference = reachable[0]
-    out = {}
-    for kind, env, index in slots:
-        name = f"{kind} {env} {index}"
-        out[name] = {}
-        for master in reachable[1:]:
-            if master in errors or reference in errors:
-                out[name][master] = errors.get(master) or errors[reference]
-                continue
-            try:
-                source = [part[kind][env][index] for part in opened[reference]]
-                target = [part[kind][env][index] for part in opened[master]]
-            except (KeyError, IndexError):
-                out[name][master] = f"{master} has no such root"
-                continue
-            out[name][master] = multimaster_roots.differences(
-                *source, *target, shown=SHOWN, named=kind != "pillar_roots"
-            )
-    return out
-
-
-def _keys_differ(section, timeout):
-    inventories = _inventories(section, timeout)["inventories"]
-    differing = {}
-    ids = set().union(*(inv.keys() for inv in inventories.values()))
-    for minion_id in ids:
-        seen = {m: inventories[m].get(minion_id) for m in inventories}
-        if len({tuple(e) if e else None for e in seen.values()}) > 1:
-            differing[minion_id] = {m: (e.state if e else None) for m, e in seen.items()}
-    return dict(sorted(differing.items())[:SHOWN])
-
-
 def _share_one(section, master, answer, keys, signer, timeout):
     """
     Give ``master`` the keys it lacks (``answer``: what it holds and its challenge), orders
@@ -1308,34 +1186,6 @@ def cluster_ready(timeout=120, interval=1):
         time.sleep(float(interval))
 
 
-def _job_cache_status(reports, reachable):
-    """
-    Each master's job cache as its control minion found it (returner, database, answering,
-    what of the schema is missing), and whether all is well: either no master uses a shared
-    database, or every master uses the same one and it answers with its whole schema.
-    """
-    caches = {m: reports[m]["job_cache"] for m in reachable if "job_cache" in reports[m]}
-    if not any(cache["shared"] for cache in caches.values()):
-        return {}, True
-    ok = len({cache.get("database") for cache in caches.values()}) == 1 and all(
-        cache.get("reachable") and not cache.get("missing") for cache in caches.values()
-    )
-    return {"job_cache": caches, "job_cache_ok": ok}, ok
-
-
-def _cluster_status(section):
-    """
-    Mode cluster: Salt's Raft membership as this master sees it (``cluster.members``) and the
-    ports up (``multimaster_cluster.status_report``).
-    """
-    try:
-        members = salt.runner.RunnerClient(__opts__).cmd("cluster.members", print_event=False)
-    except Exception as exc:  # pylint: disable=broad-except
-        log.warning("multimaster: cluster.members failed: %s", exc)
-        members = {"error": "cluster.members failed on this master (its log has why)"}
-    return _finish(*multimaster_cluster.status_report(section, members))
-
-
 def status(masters=None, timeout=30, ping_timeout=5, test=False):
     """
     One report: which masters answer, whether they store and serve the same master key, whether
@@ -1362,58 +1212,11 @@ def status(masters=None, timeout=30, ping_timeout=5, test=False):
 
         salt-run multimaster.status
     """
-    try:
-        section = _configured(masters, "status")
-    except SaltInvocationError as exc:
-        return _refused(exc)
-    if section["mode"] == "cluster":
-        return _cluster_status(section)
-    order = _ids(section)
-    signing = _signing(section)
-    ret = {"masters": {}}
-    # One round trip: each control minion reports digests, its master's key and who answers.
-    reports, errors = _call(
-        section,
-        order,
-        "master_report",
-        {"signing": signing, "ping_timeout": ping_timeout},
-        timeout + ping_timeout,
-        _report_check,
+    return multimaster_status.status(
+        _run(),
+        multimaster_status.Planes(_signing, _inventories, _opened_manifest, _malformed_manifest),
+        masters=masters,
+        timeout=timeout,
+        ping_timeout=ping_timeout,
+        test=test,
     )
-    for master in order:
-        if master in errors:
-            ret["masters"][master] = {"reachable": False, "error": errors[master]}
-            continue
-        report = reports[master]
-        ret["masters"][master] = {
-            "reachable": True,
-            "signing_key" if signing else "master_key": report["master_key"]["fp"],
-            "salt_finger": report["master_key"].get("salt_finger"),
-            "keys": report["keys"]["count"],
-            "keys_digest": report["keys"]["digest"][:16],
-        }
-        if report.get("store_problems"):
-            ret["masters"][master]["store_problems"] = report["store_problems"][:SHOWN]
-    reachable = [m for m in order if m in reports]
-    fps = {reports[m]["master_key"]["fp"] for m in reachable}
-    # Signing mode: each master keeps its own key; what must be shared is the signing pair.
-    ret["same_signing_key" if signing else "same_master_key"] = len(fps) == 1
-    if signing:
-        configured = multimaster_keys.fingerprint(section["signing"].get("public_key", ""))
-        ret["signing_public_key_matches"] = fps == {configured}
-    ret["keys_equal"] = len({reports[m]["keys"]["digest"] for m in reachable}) <= 1
-    if not ret["keys_equal"]:
-        ret["keys_differ"] = _keys_differ(section, timeout)
-    matrix = {}
-    for master in order:
-        for minion_id in reports.get(master, {}).get("answering", []):
-            matrix.setdefault(minion_id, {m: False for m in order})[master] = True
-    ret["minions"] = dict(sorted(matrix.items()))
-    roots, roots_equal = _roots_status(section, reports, timeout) if reachable else ({}, True)
-    ret.update(roots)
-    job_cache, job_cache_ok = _job_cache_status(reports, reachable)
-    ret.update(job_cache)
-    failed = bool(errors) or not ret["keys_equal"] or len(fps) != 1 or not roots_equal
-    failed = failed or not job_cache_ok
-    failed = failed or ret.get("signing_public_key_matches") is False
-    return _finish(ret, failed)

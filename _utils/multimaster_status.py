@@ -1,17 +1,33 @@
 """
-The status plane, peer side: what a master's control minion answers for ``multimaster.status``
+The status plane: what each master reports and what differs.
+
+The peer side is what a master's control minion answers for ``multimaster.status``
 (``master_report``) and ``multimaster.wait_masters`` (``settled``), and the minions that answer
-its master. Plain values in, no loader dunders: the control minion's opts, this master's entry
-and opts.
+its master: plain values in, no loader dunders. The runner's side reads every master's report in
+one round trip and compares them (master key, minion-key sets, roots and served commits, job
+cache, which minions answer); in mode cluster it reports Salt's Raft membership and the ports up
+instead. Read-only everywhere.
 """
 
+import logging
 import os
+from collections.abc import Callable
+from typing import NamedTuple
 
+import multimaster_cluster
+import multimaster_control
 import multimaster_daemon
 import multimaster_jobcache
+import multimaster_keys
 import multimaster_keystore
 import multimaster_masterkey
 import multimaster_roots
+import multimaster_seal
+import salt.runner
+import salt.utils.json
+from salt.exceptions import SaltInvocationError
+
+# --- peer side (run by a control minion) ---------------------------------------------------
 
 
 def settled(master, mopts, minion_pidfile):
@@ -71,3 +87,314 @@ def master_report(minion_opts, master, mopts, signing=False, ping_timeout=5):
     if report["alive"]:
         report["answering"] = ping_minions(master["config_dir"], timeout=ping_timeout)
     return report
+
+
+log = logging.getLogger(__name__)
+
+
+# --- runner side -----------------------------------------------------------------------------
+
+
+class Planes(NamedTuple):
+    """
+    What the report borrows from the runner's other planes: whether a section signs its master
+    key (``signing(section)``), the minion-key inventories (``inventories(section, timeout)``),
+    a peer's opened roots manifest (``opened_manifest(section, master, answer, nonce)``) and the
+    error for a manifest lacking fields (``malformed_manifest(master)``).
+    """
+
+    signing: Callable
+    inventories: Callable
+    opened_manifest: Callable
+    malformed_manifest: Callable
+
+
+def status(run, planes, masters=None, timeout=30, ping_timeout=5, test=False):
+    """
+    ``salt-run multimaster.status``: the report of a hot or failover set, or of a cluster.
+    Read-only: ``test`` changes nothing either.
+    """
+    try:
+        section = multimaster_control.configured(run, masters, "status")
+    except SaltInvocationError as exc:
+        return multimaster_control.refused(run, exc)
+    if section["mode"] == "cluster":
+        return cluster_status(run, section)
+    return _set_status(run, planes, section, timeout, ping_timeout)
+
+
+def cluster_status(run, section):
+    """
+    Mode cluster: Salt's Raft membership as this master sees it (``cluster.members``) and the
+    ports up (``multimaster_cluster.status_report``).
+    """
+    try:
+        members = salt.runner.RunnerClient(run.opts).cmd("cluster.members", print_event=False)
+    except Exception as exc:  # pylint: disable=broad-except
+        log.warning("multimaster: cluster.members failed: %s", exc)
+        members = {"error": "cluster.members failed on this master (its log has why)"}
+    return multimaster_control.finish(run, *multimaster_cluster.status_report(section, members))
+
+
+def _set_status(run, planes, section, timeout, ping_timeout):
+    """
+    The report of a hot or failover set, finished: ``retcode`` 1 when a master does not answer
+    or anything that must be equal differs.
+    """
+    signing = planes.signing(section)
+    reports, errors = _master_reports(run, section, signing, timeout, ping_timeout)
+    reachable = [m for m in multimaster_control.ids(section) if m in reports]
+    ret = {"masters": _masters_part(section, reports, errors, signing)}
+    key_ok = _master_key_part(ret, section, reports, reachable, signing)
+    ret["keys_equal"] = len({reports[m]["keys"]["digest"] for m in reachable}) <= 1
+    if not ret["keys_equal"]:
+        ret["keys_differ"] = _keys_differ(planes, section, timeout)
+    ret["minions"] = _answering_matrix(section, reports)
+    roots, roots_equal = (
+        _roots_status(run, planes, section, reports, timeout) if reachable else ({}, True)
+    )
+    ret.update(roots)
+    job_cache, job_cache_ok = _job_cache_status(reports, reachable)
+    ret.update(job_cache)
+    failed = bool(errors) or not ret["keys_equal"] or not key_ok or not roots_equal
+    return multimaster_control.finish(run, ret, failed or not job_cache_ok)
+
+
+def _master_reports(run, section, signing, timeout, ping_timeout):
+    """
+    ``(reports, errors)`` per master: one round trip, in which each control minion reports
+    digests, its master's key and who answers.
+    """
+    return multimaster_control.call(
+        run,
+        section,
+        multimaster_control.ids(section),
+        "master_report",
+        {"signing": signing, "ping_timeout": ping_timeout},
+        timeout + ping_timeout,
+        _report_check,
+    )
+
+
+def _report_check(answer):
+    answer["keys"] = multimaster_keys.check_inventory_return(answer["keys"], "digests")
+    pub = answer["master_key"].get("pub")
+    answer["master_key"]["fp"] = multimaster_keys.fingerprint(pub) if pub else None
+    if not isinstance(answer.get("answering"), list):
+        raise ValueError("answering is not a list")
+    multimaster_roots.git_check(answer.get("git"))
+    return multimaster_roots.roots_check(answer)
+
+
+def _masters_part(section, reports, errors, signing):
+    """
+    Per master in order: unreachable and why, or its key fingerprint, key count and digest
+    and the problems of its key store.
+    """
+    part = {}
+    for master in multimaster_control.ids(section):
+        if master in errors:
+            part[master] = {"reachable": False, "error": errors[master]}
+            continue
+        report = reports[master]
+        part[master] = {
+            "reachable": True,
+            "signing_key" if signing else "master_key": report["master_key"]["fp"],
+            "salt_finger": report["master_key"].get("salt_finger"),
+            "keys": report["keys"]["count"],
+            "keys_digest": report["keys"]["digest"][:16],
+        }
+        if report.get("store_problems"):
+            part[master]["store_problems"] = report["store_problems"][: multimaster_control.SHOWN]
+    return part
+
+
+def _master_key_part(ret, section, reports, reachable, signing):
+    """
+    Add to ``ret`` whether the reachable masters store the same key (and, signing, whether it
+    is the configured public key); return whether all is well.
+    """
+    fps = {reports[m]["master_key"]["fp"] for m in reachable}
+    # Signing mode: each master keeps its own key; what must be shared is the signing pair.
+    ret["same_signing_key" if signing else "same_master_key"] = len(fps) == 1
+    if not signing:
+        return len(fps) == 1
+    configured = multimaster_keys.fingerprint(section["signing"].get("public_key", ""))
+    ret["signing_public_key_matches"] = fps == {configured}
+    return len(fps) == 1 and ret["signing_public_key_matches"]
+
+
+def _keys_differ(planes, section, timeout):
+    """
+    The minion ids (at most ``SHOWN``) whose key entry differs between masters, with each
+    master's state of it.
+    """
+    inventories = planes.inventories(section, timeout)["inventories"]
+    differing = {}
+    ids = set().union(*(inv.keys() for inv in inventories.values()))
+    for minion_id in ids:
+        seen = {m: inventories[m].get(minion_id) for m in inventories}
+        if len({tuple(e) if e else None for e in seen.values()}) > 1:
+            differing[minion_id] = {m: (e.state if e else None) for m, e in seen.items()}
+    return dict(sorted(differing.items())[: multimaster_control.SHOWN])
+
+
+def _answering_matrix(section, reports):
+    """
+    ``{minion_id: {master: answers}}``: which masters each minion answers, by minion id.
+    """
+    order = multimaster_control.ids(section)
+    matrix = {}
+    for master in order:
+        for minion_id in reports.get(master, {}).get("answering", []):
+            matrix.setdefault(minion_id, {m: False for m in order})[master] = True
+    return dict(sorted(matrix.items()))
+
+
+def _root_digests(report):
+    """
+    ``{(kind, env, position): (path, digest)}`` of one master's report.
+    """
+    return {
+        (kind, env, index): (root["path"], root["digest"])
+        for kind, envs in report["roots"].items()
+        for env, rs in envs.items()
+        for index, root in enumerate(rs)
+    }
+
+
+def _roots_status(run, planes, section, reports, timeout):
+    """
+    ``(part, equal)``: each root's digest per master (the roots a master serves from disk,
+    paired by kind, environment and position) and, where they differ, which paths differ from
+    the first reachable master in order (the primary when it answers); the commits every master
+    serves per git remote.
+    """
+    reachable = [m for m in multimaster_control.ids(section) if m in reports]
+    part, differing = _roots_part(reports, reachable)
+    if differing:
+        part["roots_differ"] = _roots_paths_differ(
+            run, planes, section, reachable, differing, timeout
+        )
+    git, git_equal = _git_part(reports, reachable)
+    part.update(git)
+    return part, not differing and git_equal
+
+
+def _roots_part(reports, reachable):
+    """
+    ``(part, differing)``: each root's digest and path per master, whether all are equal, and
+    the roots (``(kind, env, position)``) whose digests differ.
+    """
+    digests = {m: _root_digests(reports[m]) for m in reachable}
+    slots = sorted(set().union(*(d.keys() for d in digests.values())), key=str)
+    part = {"roots": {}}
+    differing = []
+    for slot in slots:
+        seen = {m: digests[m].get(slot) for m in reachable}
+        kind, env, index = slot
+        part["roots"].setdefault(kind, {}).setdefault(env, {})[index] = {
+            m: (f"{v[1][:16]} {v[0]}" if v else None) for m, v in seen.items()
+        }
+        if len({v[1] if v else None for v in seen.values()}) > 1:
+            differing.append(slot)
+    part["roots_equal"] = not differing
+    return part, differing
+
+
+def _git_part(reports, reachable):
+    """
+    ``(part, equal)``: per git remote, "same commits" or each master's commit per branch, and
+    whether all serve the same; an empty part when no master serves a git remote.
+    """
+    served = {m: reports[m]["git"] for m in reachable}
+    remotes = {(role, url) for git in served.values() for role, rs in git.items() for url in rs}
+    if not remotes:
+        return {}, True
+    part = {"git": {}}
+    equal = True
+    for role, url in sorted(remotes):
+        commits = {m: served[m].get(role, {}).get(url) for m in reachable}
+        same = len({salt.utils.json.dumps(c, sort_keys=True) for c in commits.values()}) == 1
+        equal = equal and same
+        part["git"][f"{role} {url}"] = (
+            "same commits"
+            if same
+            else {
+                m: ({b: sha[:12] for b, sha in c.items()} if c else None)
+                for m, c in commits.items()
+            }
+        )
+    part["git_equal"] = equal
+    return part, equal
+
+
+def _roots_paths_differ(run, planes, section, reachable, slots, timeout):
+    """
+    Per differing root, per master: the paths missing, changed, re-moded or extra and the
+    directories of another mode (how many of each for ``pillar_roots``) compared with the first
+    reachable master (manifests sealed to this master, as ``sync_roots`` reads them).
+    """
+    opened, errors = _opened_manifests(run, planes, section, reachable, slots, timeout)
+    reference = reachable[0]
+    out = {}
+    for kind, env, index in slots:
+        name = f"{kind} {env} {index}"
+        out[name] = {}
+        for master in reachable[1:]:
+            if master in errors or reference in errors:
+                out[name][master] = errors.get(master) or errors[reference]
+                continue
+            try:
+                source = [part[kind][env][index] for part in opened[reference]]
+                target = [part[kind][env][index] for part in opened[master]]
+            except (KeyError, IndexError):
+                out[name][master] = f"{master} has no such root"
+                continue
+            out[name][master] = multimaster_roots.differences(
+                *source, *target, shown=multimaster_control.SHOWN, named=kind != "pillar_roots"
+            )
+    return out
+
+
+def _opened_manifests(run, planes, section, reachable, slots, timeout):
+    """
+    ``(opened, errors)``: each reachable master's whole manifests of the kinds in ``slots``
+    (files and directory modes), opened; or why not.
+    """
+    nonce = os.urandom(32).hex()
+    kinds = sorted({kind for kind, _, _ in slots})
+    answers, errors = multimaster_control.call(
+        run,
+        section,
+        reachable,
+        "roots_manifest",
+        {"kinds": kinds, "full": True, "nonce": nonce},
+        timeout,
+        multimaster_roots.roots_check,
+    )
+    opened = {}
+    for master, answer in answers.items():
+        try:
+            # No directory digests were sent: whole manifests.
+            opened[master] = planes.opened_manifest(section, master, answer, nonce)[:2]
+        except (SaltInvocationError, multimaster_seal.SealError) as exc:
+            errors[master] = f"manifest of {master}: {exc}"
+        except (KeyError, IndexError, TypeError):
+            errors[master] = planes.malformed_manifest(master)
+    return opened, errors
+
+
+def _job_cache_status(reports, reachable):
+    """
+    Each master's job cache as its control minion found it (returner, database, answering,
+    what of the schema is missing), and whether all is well: either no master uses a shared
+    database, or every master uses the same one and it answers with its whole schema.
+    """
+    caches = {m: reports[m]["job_cache"] for m in reachable if "job_cache" in reports[m]}
+    if not any(cache["shared"] for cache in caches.values()):
+        return {}, True
+    ok = len({cache.get("database") for cache in caches.values()}) == 1 and all(
+        cache.get("reachable") and not cache.get("missing") for cache in caches.values()
+    )
+    return {"job_cache": caches, "job_cache_ok": ok}, ok
