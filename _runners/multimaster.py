@@ -33,9 +33,8 @@ try:
     import multimaster_cluster
     import multimaster_control
     import multimaster_daemon
-    import multimaster_keys
-    import multimaster_keystore
     import multimaster_keysync
+    import multimaster_masterkey
     import multimaster_reactions
     import multimaster_reactor
     import multimaster_roots
@@ -506,150 +505,8 @@ def _fire_on_own_bus(data, tag, attempts=None):
 # --- master key ------------------------------------------------------------------------------
 
 
-def _signing(section):
-    return section["mode"] == "failover" and section.get("signing", {}).get("enabled", False)
-
-
-def _local_pair(signing):
-    """
-    ``(private pem, public pem)`` of the pair this master would deliver (never returned).
-    """
-    return (
-        multimaster_keystore.read_master_key(__opts__, signing, private=True),
-        multimaster_keystore.read_master_key(__opts__, signing),
-    )
-
-
 def _recipient_problem(master, inventories, planning=False):
-    """
-    Why the control minion of ``master`` must not receive a private key, or None.
-
-    Its key must be accepted on this master, canonical, match the pinned fingerprint if any, and
-    be the only key for that id on every master (no pending, rejected, denied or other key).
-    ``planning``: a master that does not know the id yet is fine (the run accepts it there first).
-    """
-    minion_id = master["minion_id"]
-    state, pem, denied = _primary_key_entry(minion_id)
-    if state != "accepted" or denied:
-        return f"control minion {minion_id} is not accepted (alone) on this master"
-    try:
-        fp = multimaster_keys.fingerprint(multimaster_keys.canonical(pem, f"key of {minion_id}"))
-    except SaltInvocationError as exc:
-        return str(exc)
-    pinned = master.get("minion_fingerprint")
-    if pinned and pinned != fp:
-        return f"control minion {minion_id} has key {fp}, not the pinned {pinned}"
-    for other, entries in inventories.items():
-        held = entries.get(minion_id)
-        if held is None and planning:
-            continue
-        if held is None:
-            return f"control minion {minion_id} is not accepted on {other}"
-        if held.state != "accepted" or held.fp != fp or held.denied_fp:
-            return f"control minion {minion_id} holds another key or state on {other}: {held}"
-    return None
-
-
-def _key_plan(section, signing, timeout):
-    """
-    What each master stores now; refuse what must not go ahead. Returns ``(plan, errors)``.
-    """
-    order = _ids(section)
-    info, errors = _call(section, order, "master_key_info", {"signing": signing}, 60)
-    primary = order[0]
-    if primary not in info or not info[primary].get("pub"):
-        raise Refused(f"primary {primary} did not report its key")
-    private, public = _local_pair(signing)
-    intended = multimaster_keys.fingerprint(info[primary]["pub"])
-    if not private or multimaster_keys.private_key_fingerprint(private) != intended:
-        raise Refused(
-            f"this master does not hold the primary's key {intended}: run sync_master_key on "
-            f"{primary}"
-        )
-    if signing:
-        configured = multimaster_keys.fingerprint(section["signing"].get("public_key", ""))
-        if configured != intended:
-            raise Refused(
-                f"multimaster:signing:public_key has fingerprint {configured}, but the "
-                f"primary's signing pair is {intended}: minions would refuse every master"
-            )
-    stored = {m: multimaster_keys.fingerprint(i.get("pub") or "") for m, i in info.items()}
-    plan = {
-        "intended": intended,
-        "pub": public,
-        "salt_finger": multimaster_keys.salt_finger(public),
-        "info": info,
-        "stale": [m for m in order[1:] if m in info and stored[m] != intended],
-        "stored": stored,
-    }
-    return plan, errors
-
-
-def _deliver(section, master, plan, signing, timeout):
-    """
-    Seal the pair to ``master``'s control minion, bound to its challenge, and install it.
-    """
-    entry = _by_id(section)[master]
-    private, public = _local_pair(signing)
-    envelope = multimaster_seal.seal(
-        {"pem": private, "pub": public},
-        "master_sign" if signing else "master_key",
-        entry["minion_id"],
-        _primary_key_entry(entry["minion_id"])[1],
-        _signer_key(),
-        _bound(_binding(plan["info"][master], master), fp=plan["intended"]),
-    )
-    del private
-    answers, errors = _call(
-        section,
-        [master],
-        "install_master_key",
-        {"transfer": _staged(section, master, envelope), "signing": signing},
-        timeout,
-    )
-    if master in errors:
-        return {"result": False, "error": errors[master]}
-    done = answers[master]
-    return {
-        "result": bool(done.get("served")),
-        "changed": done.get("changed"),
-        "restarted": done.get("restarted"),
-        "served": done.get("served"),
-        "reason": done.get("reason"),
-    }
-
-
-def _verify_all(section, ret, plan, signing, timeout):
-    """
-    Every master proves, by a sign-in, that it serves the intended key (the shared one, or in
-    signing mode its own key signed by the shared signing pair). The sign-in comes from the
-    control minion of the *next* master: a compromised host cannot vouch for its own master.
-    """
-    port = section["ports"]["ret"]
-    masters = section["masters"]
-    for index, master in enumerate(masters):
-        report = ret["masters"].setdefault(master["id"], {"result": True})
-        if report.get("result") is False:
-            continue
-        verifier = masters[(index + 1) % len(masters)]["id"]
-        if signing:
-            # Each master keeps its own key in signing mode: the one it reported before.
-            pub, sign_pub = plan["info"].get(master["id"], {}).get("own_pub"), plan["pub"]
-        else:
-            pub, sign_pub = plan["pub"], None
-        answers, errors = _call(
-            section,
-            [verifier],
-            "verify_master_key",
-            {"host": master["host"], "port": port, "pub": pub, "sign_pub": sign_pub},
-            timeout,
-        )
-        verified = answers.get(verifier, {})
-        report["served"] = verified.get("served") is True
-        report["verified_by"] = verifier
-        if not report["served"]:
-            report["result"] = False
-            report["reason"] = verified.get("reason") or errors.get(verifier)
+    return multimaster_masterkey.recipient_problem(_run(), master, inventories, planning)
 
 
 def sync_master_key(test=False, masters=None, timeout=180):
@@ -679,57 +536,9 @@ def sync_master_key(test=False, masters=None, timeout=180):
         salt-run multimaster.sync_master_key
         salt-run multimaster.sync_master_key test=True
     """
-    try:
-        section = _addressable(_configured(masters, "sync_master_key"), "sync_master_key")
-        signing = _signing(section)
-        _await_restarts(section)
-        plan, errors = _key_plan(section, signing, timeout)
-    except SaltInvocationError as exc:
-        return _refused(exc)
-    ret = {"masters": {}, "signing": signing, "fingerprint": plan["intended"]}
-    ret["salt_finger"] = plan["salt_finger"]
-    for master, error in errors.items():
-        ret["masters"][master] = {"result": False, "error": error}
-    for master in _ids(section)[1:]:
-        if master in plan["info"] and master not in plan["stale"]:
-            ret["masters"][master] = {"result": True, "changed": False}
-    if test:
-        control = [m["minion_id"] for m in section["masters"]]
-        inventories = _inventories(section, 60, ids=control)["inventories"]
-        for master in plan["stale"]:
-            problem = _recipient_problem(_by_id(section)[master], inventories, planning=True)
-            ret["masters"][master] = {
-                "result": None,
-                "planned": f"refuse: {problem}" if problem else "install, restart, verify",
-                "old": plan["stored"][master],
-                "new": plan["intended"],
-            }
-        return _finish(ret, bool(errors))
-    _deliver_stale(section, ret, plan, signing, timeout)
-    _verify_all(section, ret, plan, signing, timeout)
-    return _finish(ret, any(r.get("result") is False for r in ret["masters"].values()))
-
-
-def _deliver_stale(section, ret, plan, signing, timeout):
-    """
-    Accept the control minions everywhere (a sign-in needs it), re-check each recipient, and
-    deliver to every master whose stored key is not the intended one.
-    """
-    control = [m["minion_id"] for m in section["masters"]]
-    order = _ids(section)
-    _reconcile(section, lambda inv: multimaster_keys.plan(inv, order), 60, False, ids=control)
-    found = _inventories(section, 60, ids=control)
-    inventories, bindings = found["inventories"], found["bindings"]
-    for master in plan["stale"]:
-        entry = {"old": plan["stored"][master], "new": plan["intended"]}
-        problem = _recipient_problem(_by_id(section)[master], inventories)
-        if problem:
-            ret["masters"][master] = {"result": False, "error": f"refused: {problem}", **entry}
-            continue
-        _progress(f"{master}: installing the shared key, restarting, verifying")
-        # A fresh challenge from the inventory just read (the earlier one is still valid too).
-        plan["info"][master]["binding"] = bindings.get(master) or plan["info"][master]["binding"]
-        ret["masters"][master] = {**_deliver(section, master, plan, signing, timeout), **entry}
+    return multimaster_masterkey.sync_master_key(
+        _run(), _inventories, _reconcile, test=test, masters=masters, timeout=timeout
+    )
 
 
 # --- roots -----------------------------------------------------------------------------------
@@ -1214,7 +1023,9 @@ def status(masters=None, timeout=30, ping_timeout=5, test=False):
     """
     return multimaster_status.status(
         _run(),
-        multimaster_status.Planes(_signing, _inventories, _opened_manifest, _malformed_manifest),
+        multimaster_status.Planes(
+            multimaster_masterkey.uses_signing, _inventories, _opened_manifest, _malformed_manifest
+        ),
         masters=masters,
         timeout=timeout,
         ping_timeout=ping_timeout,

@@ -1,19 +1,28 @@
 """
-The master-key plane, peer side: what a master's control minion answers for the
-``sync_master_key`` runner and ``status`` (the master key or signing key this master stores),
-installs (a key pair sealed to it) and checks (that a master serves a key, by a real sign-in).
-Plain values in, no loader dunders: the control minion's opts, this master's entry and opts.
+The master-key plane: one master key pair (or signing pair) served by every master of a set.
+
+The peer side is what a master's control minion answers (the master key or signing key this
+master stores), installs (a key pair sealed to it) and checks (that a master serves a key, by a
+real sign-in): plain values in, the control minion's opts, this master's entry and opts. The
+runner side plans from what each master stores, refuses a recipient whose control minion is not
+trusted alone everywhere, seals the primary's pair to each stale master's control minion and has
+every master's served key proven by a sign-in from another master's control minion; it takes a
+``multimaster_control.Run``. Nothing here reads loader dunders.
 """
 
 import time
 
+import multimaster_control
 import multimaster_daemon
 import multimaster_handshake
 import multimaster_keys
 import multimaster_keystore
 import multimaster_seal
+import multimaster_settle
 import multimaster_transport
-from salt.exceptions import CommandExecutionError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+# --- peer side (run by a control minion) ---------------------------------------------------
 
 # The largest sealed key pair accepted.
 ENVELOPE_LIMIT = 1024 * 1024
@@ -112,3 +121,235 @@ def install_master_key(minion_opts, master, section, transfer, pull, signing=Fal
     served = served_args(mopts, pub, signing)
     ok, reason = verify_served(minion_opts, host, port, *served, timeout=timeout)
     return dict(result, served=ok, reason=reason)
+
+
+# --- runner side -----------------------------------------------------------------------------
+
+
+def uses_signing(section):
+    """
+    Whether the set shares a signing pair (``failover`` with ``signing:enabled``) rather than
+    the master key pair itself.
+    """
+    return section["mode"] == "failover" and section.get("signing", {}).get("enabled", False)
+
+
+def _local_pair(run, signing):
+    """
+    ``(private pem, public pem)`` of the pair this master would deliver (never returned).
+    """
+    return (
+        multimaster_keystore.read_master_key(run.opts, signing, private=True),
+        multimaster_keystore.read_master_key(run.opts, signing),
+    )
+
+
+def recipient_problem(run, master, inventories, planning=False):
+    """
+    Why the control minion of ``master`` must not receive a private key, or None.
+
+    Its key must be accepted on this master, canonical, match the pinned fingerprint if any, and
+    be the only key for that id on every master (no pending, rejected, denied or other key).
+    ``planning``: a master that does not know the id yet is fine (the run accepts it there first).
+    """
+    minion_id = master["minion_id"]
+    state, pem, denied = multimaster_control.primary_key_entry(run, minion_id)
+    if state != "accepted" or denied:
+        return f"control minion {minion_id} is not accepted (alone) on this master"
+    try:
+        fp = multimaster_keys.fingerprint(multimaster_keys.canonical(pem, f"key of {minion_id}"))
+    except SaltInvocationError as exc:
+        return str(exc)
+    pinned = master.get("minion_fingerprint")
+    if pinned and pinned != fp:
+        return f"control minion {minion_id} has key {fp}, not the pinned {pinned}"
+    for other, entries in inventories.items():
+        held = entries.get(minion_id)
+        if held is None and planning:
+            continue
+        if held is None:
+            return f"control minion {minion_id} is not accepted on {other}"
+        if held.state != "accepted" or held.fp != fp or held.denied_fp:
+            return f"control minion {minion_id} holds another key or state on {other}: {held}"
+    return None
+
+
+def _key_plan(run, section, signing, timeout):
+    """
+    What each master stores now; refuse what must not go ahead. Returns ``(plan, errors)``.
+    """
+    order = multimaster_control.ids(section)
+    info, errors = multimaster_control.call(
+        run, section, order, "master_key_info", {"signing": signing}, 60
+    )
+    primary = order[0]
+    if primary not in info or not info[primary].get("pub"):
+        raise multimaster_control.Refused(f"primary {primary} did not report its key")
+    private, public = _local_pair(run, signing)
+    intended = multimaster_keys.fingerprint(info[primary]["pub"])
+    if not private or multimaster_keys.private_key_fingerprint(private) != intended:
+        raise multimaster_control.Refused(
+            f"this master does not hold the primary's key {intended}: run sync_master_key on "
+            f"{primary}"
+        )
+    if signing:
+        configured = multimaster_keys.fingerprint(section["signing"].get("public_key", ""))
+        if configured != intended:
+            raise multimaster_control.Refused(
+                f"multimaster:signing:public_key has fingerprint {configured}, but the "
+                f"primary's signing pair is {intended}: minions would refuse every master"
+            )
+    stored = {m: multimaster_keys.fingerprint(i.get("pub") or "") for m, i in info.items()}
+    plan = {
+        "intended": intended,
+        "pub": public,
+        "salt_finger": multimaster_keys.salt_finger(public),
+        "info": info,
+        "stale": [m for m in order[1:] if m in info and stored[m] != intended],
+        "stored": stored,
+    }
+    return plan, errors
+
+
+def _deliver(run, section, master, plan, signing, timeout):
+    """
+    Seal the pair to ``master``'s control minion, bound to its challenge, and install it.
+    """
+    entry = multimaster_control.by_id(section)[master]
+    private, public = _local_pair(run, signing)
+    envelope = multimaster_seal.seal(
+        {"pem": private, "pub": public},
+        "master_sign" if signing else "master_key",
+        entry["minion_id"],
+        multimaster_control.primary_key_entry(run, entry["minion_id"])[1],
+        multimaster_control.signer_key(run),
+        multimaster_control.bound(
+            multimaster_control.binding(plan["info"][master], master), fp=plan["intended"]
+        ),
+    )
+    del private
+    transfer = multimaster_control.staged(run, section, master, envelope)
+    answers, errors = multimaster_control.call(
+        run,
+        section,
+        [master],
+        "install_master_key",
+        {"transfer": transfer, "signing": signing},
+        timeout,
+    )
+    if master in errors:
+        return {"result": False, "error": errors[master]}
+    done = answers[master]
+    return {
+        "result": bool(done.get("served")),
+        "changed": done.get("changed"),
+        "restarted": done.get("restarted"),
+        "served": done.get("served"),
+        "reason": done.get("reason"),
+    }
+
+
+def _verify_all(run, section, ret, plan, signing, timeout):
+    """
+    Every master proves, by a sign-in, that it serves the intended key (the shared one, or in
+    signing mode its own key signed by the shared signing pair). The sign-in comes from the
+    control minion of the *next* master: a compromised host cannot vouch for its own master.
+    """
+    port = section["ports"]["ret"]
+    masters = section["masters"]
+    for index, master in enumerate(masters):
+        report = ret["masters"].setdefault(master["id"], {"result": True})
+        if report.get("result") is False:
+            continue
+        verifier = masters[(index + 1) % len(masters)]["id"]
+        if signing:
+            # Each master keeps its own key in signing mode: the one it reported before.
+            pub, sign_pub = plan["info"].get(master["id"], {}).get("own_pub"), plan["pub"]
+        else:
+            pub, sign_pub = plan["pub"], None
+        answers, errors = multimaster_control.call(
+            run,
+            section,
+            [verifier],
+            "verify_master_key",
+            {"host": master["host"], "port": port, "pub": pub, "sign_pub": sign_pub},
+            timeout,
+        )
+        verified = answers.get(verifier, {})
+        report["served"] = verified.get("served") is True
+        report["verified_by"] = verifier
+        if not report["served"]:
+            report["result"] = False
+            report["reason"] = verified.get("reason") or errors.get(verifier)
+
+
+def sync_master_key(run, inventories, reconcile, test=False, masters=None, timeout=180):
+    """
+    The ``sync_master_key`` runner: plan, then (unless ``test``) deliver the primary's pair to
+    every stale master and verify what every master serves. ``inventories`` and ``reconcile``
+    are the minion-key plane's inventory read and reconcile, as the runner calls them.
+    """
+    try:
+        section = multimaster_control.addressable(
+            multimaster_control.configured(run, masters, "sync_master_key"), "sync_master_key"
+        )
+        signing = uses_signing(section)
+        multimaster_settle.await_restarts(run, section)
+        plan, errors = _key_plan(run, section, signing, timeout)
+    except SaltInvocationError as exc:
+        return multimaster_control.refused(run, exc)
+    ret = {"masters": {}, "signing": signing, "fingerprint": plan["intended"]}
+    ret["salt_finger"] = plan["salt_finger"]
+    for master, error in errors.items():
+        ret["masters"][master] = {"result": False, "error": error}
+    for master in multimaster_control.ids(section)[1:]:
+        if master in plan["info"] and master not in plan["stale"]:
+            ret["masters"][master] = {"result": True, "changed": False}
+    if test:
+        _plan_stale(run, section, ret, plan, inventories)
+        return multimaster_control.finish(run, ret, bool(errors))
+    _deliver_stale(run, section, ret, plan, signing, timeout, inventories, reconcile)
+    _verify_all(run, section, ret, plan, signing, timeout)
+    failed = any(r.get("result") is False for r in ret["masters"].values())
+    return multimaster_control.finish(run, ret, failed)
+
+
+def _plan_stale(run, section, ret, plan, inventories):
+    """
+    Report, for ``test``, what a run would do to each stale master: install, or refuse its
+    control minion as a recipient.
+    """
+    control = [m["minion_id"] for m in section["masters"]]
+    held = inventories(section, 60, ids=control)["inventories"]
+    for master in plan["stale"]:
+        entry = multimaster_control.by_id(section)[master]
+        problem = recipient_problem(run, entry, held, planning=True)
+        ret["masters"][master] = {
+            "result": None,
+            "planned": f"refuse: {problem}" if problem else "install, restart, verify",
+            "old": plan["stored"][master],
+            "new": plan["intended"],
+        }
+
+
+def _deliver_stale(run, section, ret, plan, signing, timeout, inventories, reconcile):
+    """
+    Accept the control minions everywhere (a sign-in needs it), re-check each recipient, and
+    deliver to every master whose stored key is not the intended one.
+    """
+    control = [m["minion_id"] for m in section["masters"]]
+    order = multimaster_control.ids(section)
+    reconcile(section, lambda inv: multimaster_keys.plan(inv, order), 60, False, ids=control)
+    found = inventories(section, 60, ids=control)
+    held, bindings = found["inventories"], found["bindings"]
+    for master in plan["stale"]:
+        entry = {"old": plan["stored"][master], "new": plan["intended"]}
+        problem = recipient_problem(run, multimaster_control.by_id(section)[master], held)
+        if problem:
+            ret["masters"][master] = {"result": False, "error": f"refused: {problem}", **entry}
+            continue
+        run.progress(f"{master}: installing the shared key, restarting, verifying")
+        # A fresh challenge from the inventory just read (the earlier one is still valid too).
+        plan["info"][master]["binding"] = bindings.get(master) or plan["info"][master]["binding"]
+        delivered = _deliver(run, section, master, plan, signing, timeout)
+        ret["masters"][master] = {**delivered, **entry}

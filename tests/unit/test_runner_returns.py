@@ -15,6 +15,7 @@ from .helpers import load_module
 from .keyfactory import priv_pem, pub_pem, rsa_private
 
 import multimaster_control  # noqa: E402  isort: skip
+import multimaster_keystore  # noqa: E402  isort: skip
 import multimaster_reactions  # noqa: E402  isort: skip
 import multimaster_returns  # noqa: E402  isort: skip
 import multimaster_seal  # noqa: E402  isort: skip
@@ -462,7 +463,7 @@ def store(runner, monkeypatch):
     def store(entry):
         held = {} if entry is None else {"web1": entry}
         pubs = {} if entry is None else {"web1": {"key": HELD_PEM}}
-        monkeypatch.setattr(runner.multimaster_keystore, "inventory", lambda *a, **k: (held, pubs))
+        monkeypatch.setattr(multimaster_keystore, "inventory", lambda *a, **k: (held, pubs))
 
     return store
 
@@ -578,9 +579,7 @@ def held_before(runner, monkeypatch):
     """
 
     def held_before(fp):
-        monkeypatch.setattr(
-            runner.multimaster_keystore, "held_before", lambda *a, **k: fp, raising=False
-        )
+        monkeypatch.setattr(multimaster_keystore, "held_before", lambda *a, **k: fp, raising=False)
 
     return held_before
 
@@ -703,7 +702,7 @@ def test_key_event_in_a_cluster_without_a_readable_key_replays_nothing_and_fails
     """A held file that is not one public key PEM is never sent to the peers."""
     use({})
     held = {"web1": ["rejected", None]}
-    monkeypatch.setattr(runner.multimaster_keystore, "inventory", lambda *a, **k: (held, {}))
+    monkeypatch.setattr(multimaster_keystore, "inventory", lambda *a, **k: (held, {}))
     ret = runner.key_event("web1", "reject")
     assert ret["retcode"] == 1 and "not a valid public key" in ret["comment"], ret
     assert cluster_bus == []
