@@ -37,12 +37,10 @@ try:
     import multimaster_masterkey
     import multimaster_reactions
     import multimaster_reactor
-    import multimaster_roots
-    import multimaster_seal
+    import multimaster_rootsync
     import multimaster_settings
     import multimaster_settle
     import multimaster_status
-    import multimaster_transport
 
     HAS_UTILS = True
 except ImportError:
@@ -543,92 +541,6 @@ def sync_master_key(test=False, masters=None, timeout=180):
 
 # --- roots -----------------------------------------------------------------------------------
 
-_ROOT_CHOICES = {
-    "file": ("file_roots",),
-    "pillar": ("pillar_roots",),
-    "both": ("file_roots", "pillar_roots"),
-}
-
-
-class _Nonce:
-    """
-    The one nonce of this run that a sealed manifest must be bound to (used once per master).
-    """
-
-    def __init__(self, value):
-        self.value = value
-
-    def consume(self, challenge):
-        if challenge != self.value:
-            raise multimaster_seal.SealError("manifest is not bound to this run")
-        self.value = None
-
-
-def _opened_manifest(section, master, answer, nonce):
-    """
-    ``(files, modes, partial)``: the peer's file manifests and directory modes, unsealed with
-    this master's key and checked to be signed by the peer's control minion (its key accepted
-    here) and bound to this run; and per root the directories a manifest covers (``None``: the
-    whole root).
-    """
-    entry = _by_id(section)[master]
-    problem = _recipient_problem(entry, {})
-    if problem:
-        raise Refused(problem)
-    body, _ = multimaster_seal.unseal(
-        answer.get("sealed"),
-        "roots_manifest",
-        master,
-        _signer_key(),
-        _primary_key_entry(entry["minion_id"])[1],
-        _expected_binding(master, entry),
-        _Nonce(nonce),
-    )
-    files = body["files"]
-    return (
-        files,
-        multimaster_roots.modes_check(body.get("dir_modes"), files),
-        multimaster_roots.partial_check(body.get("dirs"), files),
-    )
-
-
-def _expected_binding(master, entry):
-    """
-    What a peer's answer must be bound to: the master, and its ``config_dir`` where pillar
-    names one (else the peer binds the config dir it resolved itself, which only it knows).
-    """
-    expect = {"target": master}
-    if entry.get("config_dir"):
-        expect["config_dir"] = entry["config_dir"]
-    return expect
-
-
-def _deliver_roots(section, master, pairs, members, binding):
-    """
-    Stage the content (encrypted with a fresh key) and the plan (sealed to the peer's control
-    minion, carrying that key and the content's descriptor: its ticket, which this master's
-    file server serves, reaches no one else), then have the peer pull and apply both.
-    """
-    entry = _by_id(section)[master]
-    key = os.urandom(32)
-    content = multimaster_transport.stage_files(
-        __opts__, entry["minion_id"], members, key, fileserver=True
-    )
-    plan = multimaster_seal.seal(
-        {
-            "key": key.hex(),
-            "content": content,
-            "pairs": [{k: v for k, v in p.items() if k != "added"} for p in pairs],
-        },
-        "roots",
-        entry["minion_id"],
-        _primary_key_entry(entry["minion_id"])[1],
-        _signer_key(),
-        _bound(_binding({"binding": binding}, master)),
-    )
-    # Sealed to the peer: its file server may hand it over, to that minion only.
-    return _staged(section, master, plan, fileserver=True)
-
 
 def sync_roots(roots="both", test=False, timeout=300):
     """
@@ -657,88 +569,19 @@ def sync_roots(roots="both", test=False, timeout=300):
         salt-run multimaster.sync_roots
         salt-run multimaster.sync_roots roots=pillar test=True
     """
-    try:
-        if roots not in _ROOT_CHOICES:
-            raise Refused(f"roots={roots!r}: expected one of file, pillar, both")
-        current = _on_disk()
-        section = _addressable(_section(opts=current), "sync_roots")
-        _await_restarts(section)
-        kinds, notes = multimaster_roots.synced_kinds(current, _ROOT_CHOICES[roots])
-        if not kinds:
-            return _finish({"masters": {}, "comment": "; ".join(notes)}, False)
-        # One round: each master compares its digests with this master's and returns its
-        # manifests, sealed, only where they differ (pillar ones always: see
-        # multimaster_roots.published).
-        opts = {key: current.get(key) for key in multimaster_roots.MANIFEST_OPTS}
-        local = multimaster_roots.manifests(opts, kinds)
-        digests = multimaster_roots.digests(local)
-        nonce = os.urandom(32).hex()
-        summary, errors = _call(
-            section,
-            _ids(section),
-            "roots_manifest",
-            {
-                "kinds": kinds,
-                "full": True,
-                "nonce": nonce,
-                "unless": multimaster_roots.published(digests),
-                "dirs": multimaster_roots.published_dir_digests(local),
-            },
-            timeout,
-            multimaster_roots.manifest_answer_check,
-        )
-        multimaster_roots.check_layouts(_ids(section)[0], local, summary)
-    except SaltInvocationError as exc:
-        return _refused(exc)
-    ret = {"masters": {}, "roots": digests}
-    if notes:
-        ret["comment"] = "; ".join(notes)
-    for master, error in errors.items():
-        ret["masters"][master] = {"result": False, "error": error}
-    for master in [m for m in _ids(section)[1:] if m in summary]:
-        if multimaster_roots.digests(summary[master]["roots"]) == digests:
-            ret["masters"][master] = {"result": True, "changed": False}
-        else:
-            ret["masters"][master] = _sync_one_root_set(
-                section, master, local, summary[master], nonce, test, timeout
-            )
-    return _finish(ret, any(r.get("result") is False for r in ret["masters"].values()))
-
-
-def _malformed_manifest(master):
-    return (
-        f"manifest of {master}: its answer lacks fields this runner needs; run "
-        f"'salt-run saltutil.sync_all' and 'salt <its control minion> saltutil.sync_all' so "
-        "both ends run the same formula version"
+    return multimaster_rootsync.sync_roots(
+        _run(), roots=roots, test=test, timeout=timeout, recipient_problem=_recipient_problem
     )
 
 
-def _sync_one_root_set(section, master, local, answer, nonce, test, timeout):
-    try:
-        files, modes, partial = _opened_manifest(section, master, answer, nonce)
-        pairs, members = multimaster_roots.sync_plan(local, files, modes, partial)
-    except (SaltInvocationError, multimaster_seal.SealError) as exc:
-        return {"result": False, "error": f"manifest of {master}: {exc}"}
-    except (KeyError, IndexError, TypeError):
-        return {"result": False, "error": _malformed_manifest(master)}
-    report = multimaster_roots.plan_report(pairs, local, SHOWN)
-    if test:
-        return {"result": None, "planned": report}
-    _progress(f"{master}: {report['counts']} ({report['bytes']} bytes)")
-    plan = _deliver_roots(section, master, pairs, members, answer.get("binding"))
-    done, errors = _call(section, [master], "apply_roots", {"plan": plan}, timeout)
-    if master in errors:
-        return {"result": False, "error": errors[master], "planned": report}
-    applied = done[master]
-    failed = applied.get("failed") or []
-    _progress(f"{master}: {applied.get('bytes')} bytes moved, {len(failed)} failed")
-    return {
-        "result": not failed,
-        "changes": report,
-        "moved_bytes": applied.get("bytes"),
-        "via": applied.get("via"),
-        "failed": failed,
-    }
+# The status section reads peers' manifests as sync_roots does.
+def _opened_manifest(section, master, answer, nonce):
+    return multimaster_rootsync.opened_manifest(
+        _run(), section, master, answer, nonce, _recipient_problem
+    )
+
+
+_malformed_manifest = multimaster_rootsync.malformed_manifest
 
 
 # --- status ----------------------------------------------------------------------------------

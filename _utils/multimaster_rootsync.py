@@ -1,0 +1,265 @@
+"""
+The roots plane's runner side: read each peer's manifest, plan, deliver.
+
+``sync_roots`` asks every master, in one round, for the manifests of its roots that differ from
+this master's (sealed to this master and bound to the run), plans per peer what must move
+(``multimaster_roots``), then stages the content encrypted with a fresh key and sends the plan,
+sealed to the peer's control minion, which pulls and applies both. Every function takes a
+``multimaster_control.Run``; those that open a manifest also take the master-key plane's
+``recipient_problem(entry, inventories, planning=False)``: a peer's manifest is read only when
+its control minion passes the check a recipient of a private key must pass.
+"""
+
+import dataclasses
+import os
+
+import multimaster_control
+import multimaster_roots
+import multimaster_seal
+import multimaster_settle
+import multimaster_transport
+from salt.exceptions import SaltInvocationError
+
+ROOT_CHOICES = {
+    "file": ("file_roots",),
+    "pillar": ("pillar_roots",),
+    "both": ("file_roots", "pillar_roots"),
+}
+
+
+# --- sync_roots ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Round:
+    """
+    One round of manifests: this master's (``local``, their ``digests``), the nonce the peers'
+    manifests are bound to, and per master its answer or its error.
+    """
+
+    local: dict
+    digests: dict
+    nonce: str
+    answers: dict
+    errors: dict
+
+
+def sync_roots(run, roots="both", test=False, timeout=300, *, recipient_problem):
+    """
+    Make every peer's ``file_roots`` and ``pillar_roots`` equal to this master's (the primary's);
+    see the runner's ``multimaster.sync_roots``.
+    """
+    try:
+        current, found = _sync_target(run, roots)
+        kinds, notes = multimaster_roots.synced_kinds(current, ROOT_CHOICES[roots])
+        if not kinds:
+            return multimaster_control.finish(
+                run, {"masters": {}, "comment": "; ".join(notes)}, False
+            )
+        round_ = _manifest_round(run, found, current, kinds, timeout)
+    except SaltInvocationError as exc:
+        return multimaster_control.refused(run, exc)
+    ret = {"masters": {}, "roots": round_.digests}
+    if notes:
+        ret["comment"] = "; ".join(notes)
+    ret["masters"] = _synced_masters(run, found, round_, test, timeout, recipient_problem)
+    return multimaster_control.finish(
+        run, ret, any(r.get("result") is False for r in ret["masters"].values())
+    )
+
+
+def _sync_target(run, roots):
+    """
+    ``(opts, section)``: this master's config on disk and its section, once no master's restart
+    is pending. Refuses an unknown ``roots`` and a cluster.
+    """
+    if roots not in ROOT_CHOICES:
+        raise multimaster_control.Refused(f"roots={roots!r}: expected one of file, pillar, both")
+    current = multimaster_control.on_disk(run)
+    found = multimaster_control.addressable(multimaster_control.section(run, current), "sync_roots")
+    multimaster_settle.await_restarts(run, found)
+    return current, found
+
+
+def _manifest_round(run, found, current, kinds, timeout):
+    """
+    This master's manifests of ``kinds`` and every master's answer. One round: each master
+    compares its digests with this master's and returns its manifests, sealed, only where they
+    differ (pillar ones always: see ``multimaster_roots.published``).
+    """
+    opts = {key: current.get(key) for key in multimaster_roots.MANIFEST_OPTS}
+    local = multimaster_roots.manifests(opts, kinds)
+    digests = multimaster_roots.digests(local)
+    nonce = os.urandom(32).hex()
+    answers, errors = multimaster_control.call(
+        run,
+        found,
+        multimaster_control.ids(found),
+        "roots_manifest",
+        {
+            "kinds": kinds,
+            "full": True,
+            "nonce": nonce,
+            "unless": multimaster_roots.published(digests),
+            "dirs": multimaster_roots.published_dir_digests(local),
+        },
+        timeout,
+        multimaster_roots.manifest_answer_check,
+    )
+    multimaster_roots.check_layouts(multimaster_control.ids(found)[0], local, answers)
+    return _Round(local, digests, nonce, answers, errors)
+
+
+def _synced_masters(run, found, round_, test, timeout, recipient_problem):
+    """
+    Per master: its error, ``changed: False`` where its roots already match, else the result of
+    syncing it (in the configured order).
+    """
+    out = {master: {"result": False, "error": error} for master, error in round_.errors.items()}
+    for master in [m for m in multimaster_control.ids(found)[1:] if m in round_.answers]:
+        if multimaster_roots.digests(round_.answers[master]["roots"]) == round_.digests:
+            out[master] = {"result": True, "changed": False}
+        else:
+            out[master] = _sync_one_root_set(
+                run, found, master, round_, test, timeout, recipient_problem
+            )
+    return out
+
+
+def _sync_one_root_set(run, found, master, round_, test, timeout, recipient_problem):
+    """
+    Plan ``master``'s roots from its manifest in ``round_`` and, unless ``test``, deliver and
+    apply the plan.
+    """
+    answer, local = round_.answers[master], round_.local
+    try:
+        files, modes, partial = opened_manifest(
+            run, found, master, answer, round_.nonce, recipient_problem
+        )
+        pairs, members = multimaster_roots.sync_plan(local, files, modes, partial)
+    except (SaltInvocationError, multimaster_seal.SealError) as exc:
+        return {"result": False, "error": f"manifest of {master}: {exc}"}
+    except (KeyError, IndexError, TypeError):
+        return {"result": False, "error": malformed_manifest(master)}
+    report = multimaster_roots.plan_report(pairs, local, multimaster_control.SHOWN)
+    if test:
+        return {"result": None, "planned": report}
+    run.progress(f"{master}: {report['counts']} ({report['bytes']} bytes)")
+    plan = _deliver_roots(run, found, master, pairs, members, answer.get("binding"))
+    return _applied(run, found, master, plan, report, timeout)
+
+
+def _applied(run, found, master, plan, report, timeout):
+    """
+    ``master``'s result of applying the staged ``plan`` (whose changes ``report`` lists).
+    """
+    done, errors = multimaster_control.call(
+        run, found, [master], "apply_roots", {"plan": plan}, timeout
+    )
+    if master in errors:
+        return {"result": False, "error": errors[master], "planned": report}
+    applied = done[master]
+    failed = applied.get("failed") or []
+    run.progress(f"{master}: {applied.get('bytes')} bytes moved, {len(failed)} failed")
+    return {
+        "result": not failed,
+        "changes": report,
+        "moved_bytes": applied.get("bytes"),
+        "via": applied.get("via"),
+        "failed": failed,
+    }
+
+
+# --- a peer's manifest -----------------------------------------------------------------------
+
+
+class _Nonce:
+    """
+    The one nonce of this run that a sealed manifest must be bound to (used once per master).
+    """
+
+    def __init__(self, value):
+        self.value = value
+
+    def consume(self, challenge):
+        if challenge != self.value:
+            raise multimaster_seal.SealError("manifest is not bound to this run")
+        self.value = None
+
+
+def opened_manifest(run, found, master, answer, nonce, recipient_problem):
+    """
+    ``(files, modes, partial)``: the peer's file manifests and directory modes, unsealed with
+    this master's key and checked to be signed by the peer's control minion (its key accepted
+    here) and bound to this run; and per root the directories a manifest covers (``None``: the
+    whole root).
+    """
+    entry = multimaster_control.by_id(found)[master]
+    problem = recipient_problem(entry, {})
+    if problem:
+        raise multimaster_control.Refused(problem)
+    body, _ = multimaster_seal.unseal(
+        answer.get("sealed"),
+        "roots_manifest",
+        master,
+        multimaster_control.signer_key(run),
+        multimaster_control.primary_key_entry(run, entry["minion_id"])[1],
+        _expected_binding(master, entry),
+        _Nonce(nonce),
+    )
+    files = body["files"]
+    return (
+        files,
+        multimaster_roots.modes_check(body.get("dir_modes"), files),
+        multimaster_roots.partial_check(body.get("dirs"), files),
+    )
+
+
+def malformed_manifest(master):
+    return (
+        f"manifest of {master}: its answer lacks fields this runner needs; run "
+        f"'salt-run saltutil.sync_all' and 'salt <its control minion> saltutil.sync_all' so "
+        "both ends run the same formula version"
+    )
+
+
+def _expected_binding(master, entry):
+    """
+    What a peer's answer must be bound to: the master, and its ``config_dir`` where pillar
+    names one (else the peer binds the config dir it resolved itself, which only it knows).
+    """
+    expect = {"target": master}
+    if entry.get("config_dir"):
+        expect["config_dir"] = entry["config_dir"]
+    return expect
+
+
+# --- delivery --------------------------------------------------------------------------------
+
+
+def _deliver_roots(run, found, master, pairs, members, binding):
+    """
+    Stage the content (encrypted with a fresh key) and the plan (sealed to the peer's control
+    minion, carrying that key and the content's descriptor: its ticket, which this master's
+    file server serves, reaches no one else), then return the plan's descriptor for the peer
+    to pull and apply both.
+    """
+    entry = multimaster_control.by_id(found)[master]
+    key = os.urandom(32)
+    content = multimaster_transport.stage_files(
+        run.opts, entry["minion_id"], members, key, fileserver=True
+    )
+    plan = multimaster_seal.seal(
+        {
+            "key": key.hex(),
+            "content": content,
+            "pairs": [{k: v for k, v in p.items() if k != "added"} for p in pairs],
+        },
+        "roots",
+        entry["minion_id"],
+        multimaster_control.primary_key_entry(run, entry["minion_id"])[1],
+        multimaster_control.signer_key(run),
+        multimaster_control.bound(multimaster_control.binding({"binding": binding}, master)),
+    )
+    # Sealed to the peer: its file server may hand it over, to that minion only.
+    return multimaster_control.staged(run, found, master, plan, fileserver=True)
