@@ -14,9 +14,12 @@ import pytest
 from .helpers import load_module
 from .keyfactory import priv_pem, pub_pem, rsa_private
 
+import multimaster_cluster  # noqa: E402  isort: skip
 import multimaster_control  # noqa: E402  isort: skip
+import multimaster_daemon  # noqa: E402  isort: skip
 import multimaster_returns  # noqa: E402  isort: skip
 import multimaster_seal  # noqa: E402  isort: skip
+import multimaster_settings  # noqa: E402  isort: skip
 import multimaster_settle  # noqa: E402  isort: skip
 
 SECTION = {
@@ -1000,7 +1003,7 @@ def test_a_master_without_keys_in_the_differing_buckets_is_not_asked(
 
 
 class FakeClock:
-    """The runner's ``time``: each sleep moves the clock on by what was asked, or 1 s."""
+    """The waits' ``time``: each sleep moves the clock on by what was asked, or 1 s."""
 
     def __init__(self):
         self.now = 0.0
@@ -1019,14 +1022,16 @@ def health(runner, monkeypatch, tmp_path):
     since ``state["since"]`` (None: not running); the events fired on its bus are recorded, the
     bus takes them while ``state["takes"]``, and ``state["on_fire"]`` (if set) runs on each.
     """
-    monkeypatch.setattr(runner, "_section", lambda *a, **k: {"mode": "cluster"})
+    monkeypatch.setattr(multimaster_control, "section", lambda *a, **k: {"mode": "cluster"})
     monkeypatch.setitem(runner.__opts__, "cachedir", str(tmp_path))
     monkeypatch.setitem(runner.__opts__, "sock_dir", str(tmp_path))
     monkeypatch.setitem(runner.__opts__, "pidfile", str(tmp_path / "salt-master.pid"))
-    monkeypatch.setattr(runner, "time", FakeClock())
+    clock = FakeClock()
+    monkeypatch.setattr(multimaster_cluster, "time", clock)
+    monkeypatch.setattr(multimaster_settle, "time", clock)
     (tmp_path / "health").mkdir()
     state = {"since": 0.0, "takes": True, "on_fire": None, "fired": []}
-    monkeypatch.setattr(runner.multimaster_daemon, "running_since", lambda *a, **k: state["since"])
+    monkeypatch.setattr(multimaster_daemon, "running_since", lambda *a, **k: state["since"])
 
     class Bus:
         def fire_event(self, data, tag):
@@ -1103,9 +1108,9 @@ def test_cluster_ready_refuses_outside_mode_cluster(runner, use):
 @pytest.mark.parametrize("function", ["cluster_ready", "share_peer_keys"])
 def test_a_malformed_section_is_refused(runner, monkeypatch, function):
     def broken(*_, **__):
-        raise runner.multimaster_settings.SettingsError("multimaster:mode: got 'x'; expected ...")
+        raise multimaster_settings.SettingsError("multimaster:mode: got 'x'; expected ...")
 
-    monkeypatch.setattr(runner, "_section", broken)
+    monkeypatch.setattr(multimaster_control, "section", broken)
     ret = getattr(runner, function)()
     assert ret["retcode"] == 1 and "multimaster:mode: got 'x'" in ret["comment"], ret
 
@@ -1126,7 +1131,7 @@ def test_wait_masters_proposes_a_raft_entry_every_5_s_only_in_a_cluster(
     sentinels, state = health
     (sentinels / "startup").write_text("1")
     state["since"] = since
-    monkeypatch.setattr(runner, "_section", lambda *a, **k: dict(SECTION, mode=mode))
+    monkeypatch.setattr(multimaster_control, "section", lambda *a, **k: dict(SECTION, mode=mode))
     use({"cm1": {"settled": True}, "cm2": {"up": False}})
     ret = runner.wait_masters(timeout=12, interval=1)
     assert ret["retcode"] == 1, ret
@@ -1361,7 +1366,7 @@ def test_wait_minions_with_no_accepted_minion_matching_is_refused_and_publishes_
 @pytest.mark.parametrize("host", [None, "", "10.0.0.9 10.0.0.8", ["10.0.0.9"]])
 def test_wait_master_stopped_refuses_what_is_not_an_address(runner, monkeypatch, host):
     monkeypatch.setattr(
-        runner.multimaster_daemon, "port_open", lambda *a: pytest.fail("nothing may be probed")
+        multimaster_daemon, "port_open", lambda *a: pytest.fail("nothing may be probed")
     )
     ret = runner.wait_master_stopped(host)
     assert ret["retcode"] == 1
@@ -1370,6 +1375,6 @@ def test_wait_master_stopped_refuses_what_is_not_an_address(runner, monkeypatch,
 
 def test_wait_master_stopped_waits_until_both_ports_are_closed(runner, monkeypatch):
     probes = iter([True, True, False, True, False, False])
-    monkeypatch.setattr(runner.multimaster_daemon, "port_open", lambda *a: next(probes))
+    monkeypatch.setattr(multimaster_daemon, "port_open", lambda *a: next(probes))
     ret = runner.wait_master_stopped("10.9.9.9", timeout=30, interval=0)
     assert ret["retcode"] == 0 and ret["comment"] == "10.9.9.9 no longer listens", ret
