@@ -18,27 +18,14 @@ nothing) and returns ``retcode: 1`` on any failure.
 """
 
 import logging
-import os
-import time
-
-import salt.client
-import salt.config
-import salt.runner
-import salt.utils.files
-import salt.utils.json
-import salt.utils.minions
-from salt.exceptions import SaltInvocationError
 
 try:
     import multimaster_cluster
     import multimaster_control
-    import multimaster_daemon
     import multimaster_keysync
     import multimaster_masterkey
     import multimaster_reactions
-    import multimaster_reactor
     import multimaster_rootsync
-    import multimaster_settings
     import multimaster_settle
     import multimaster_status
 
@@ -299,32 +286,9 @@ def wait_masters(timeout=180, interval=1, skip=None):
         salt-run multimaster.wait_masters timeout=120
         salt-run multimaster.wait_masters skip=master3
     """
-    try:
-        section = _section()
-        skipped = set(_id_list(skip, "skip"))
-    except SaltInvocationError as exc:
-        return _refused(exc)
-    start = time.monotonic()
-    waiting, last = [m for m in _ids(section) if m not in skipped], {}
-    next_nudge = multimaster_cluster.NUDGE_INTERVAL
-    while True:
-        answers, errors = _poll_settled(section, waiting)
-        waiting = [m for m in waiting if not (answers.get(m) or {}).get("settled")]
-        last = {m: errors.get(m) or answers.get(m) for m in waiting}
-        waited = round(time.monotonic() - start, 1)
-        if not waiting:
-            return _finish({"comment": "every master is up", "waited": waited}, False)
-        if waited > float(timeout):
-            return _finish(
-                {"comment": f"not settled after {timeout}s", "masters": last, "waited": waited},
-                True,
-            )
-        cluster = section["mode"] == "cluster"
-        if cluster and waited >= next_nudge and _started_master() is not None:
-            # A restarted master may have won the election: see cluster_ready.
-            _nudge_raft()
-            next_nudge = waited + multimaster_cluster.NUDGE_INTERVAL
-        time.sleep(float(interval))
+    return multimaster_settle.wait_masters(
+        _run(), timeout=timeout, interval=interval, skip=skip, fire=_fire_on_own_bus
+    )
 
 
 def wait_master_stopped(host, timeout=90, interval=1):
@@ -350,24 +314,7 @@ def wait_master_stopped(host, timeout=90, interval=1):
 
         salt-run multimaster.wait_master_stopped 10.0.3.64
     """
-    try:
-        section = _section()
-        if not isinstance(host, str) or not host or any(c.isspace() for c in host):
-            raise Refused(f"host={host!r}: expected the address or host name of a master")
-    except SaltInvocationError as exc:
-        return _refused(exc)
-    ports = {name: section["ports"][name] for name in ("publish", "ret")}
-    start = time.monotonic()
-    while True:
-        listening = [f"{host}:{p}" for p in ports.values() if multimaster_daemon.port_open(host, p)]
-        waited = round(time.monotonic() - start, 1)
-        if not listening:
-            return _finish({"comment": f"{host} no longer listens", "waited": waited}, False)
-        if waited > float(timeout):
-            return _finish(
-                {"comment": f"still listening on {', '.join(listening)} after {timeout}s"}, True
-            )
-        time.sleep(float(interval))
+    return multimaster_settle.wait_master_stopped(_run(), host, timeout=timeout, interval=interval)
 
 
 def wait_minions(tgt="*", timeout=180, interval=2):
@@ -392,36 +339,7 @@ def wait_minions(tgt="*", timeout=180, interval=2):
         salt-run multimaster.wait_minions
         salt-run multimaster.wait_minions tgt='web*' timeout=60
     """
-    if not isinstance(tgt, str) or not tgt:
-        return _refused(Refused(f"tgt: got {tgt!r}; expected a glob of minion ids"))
-    expected = set(salt.utils.minions.CkMinions(__opts__).check_minions(tgt)["minions"])
-    if not expected:
-        return _refused(
-            Refused(
-                f"tgt: no minion key accepted on this master matches {tgt!r}: accept the "
-                "minion first (salt-key -a <id>), then wait for it"
-            )
-        )
-    start, silent = time.monotonic(), set(expected)
-    with salt.client.get_local_client(__opts__["conf_file"]) as client:
-        while True:
-            answered = client.cmd(sorted(silent), "test.ping", tgt_type="list", timeout=5)
-            silent -= {m for m, ret in (answered or {}).items() if ret is True}
-            waited = round(time.monotonic() - start, 1)
-            if not silent:
-                return _finish(
-                    {"comment": f"{len(expected)} minions answer", "waited": waited}, False
-                )
-            if waited > float(timeout):
-                return _finish(
-                    {
-                        "comment": f"not answering after {timeout}s",
-                        "silent": sorted(silent)[:SHOWN],
-                    },
-                    True,
-                )
-            _progress(f"{len(silent)} minions not answering yet: {', '.join(sorted(silent)[:10])}")
-            time.sleep(float(interval))
+    return multimaster_settle.wait_minions(_run(), tgt=tgt, timeout=timeout, interval=interval)
 
 
 # --- reactors --------------------------------------------------------------------------------
@@ -587,29 +505,6 @@ _malformed_manifest = multimaster_rootsync.malformed_manifest
 # --- status ----------------------------------------------------------------------------------
 
 
-def _share_one(section, master, answer, keys, signer, timeout):
-    """
-    Give ``master`` the keys it lacks (``answer``: what it holds and its challenge), orders
-    signed with ``signer``; with no ``signer`` (test) only report.
-    """
-    entry = _by_id(section)[master]
-    address = multimaster_settings.cluster_address(entry)
-    missing, report = multimaster_cluster.peer_keys_plan(address, answer["held"], keys)
-    if signer is None or not missing:
-        return dict(report, result=not report["conflicts"], written=[])
-    try:
-        bound = _bound(_binding(answer, master))
-        order = multimaster_cluster.peer_keys_order(missing, entry["minion_id"], signer, bound)
-    except ValueError as exc:
-        return dict(report, result=False, error=str(exc))
-    answers, errors = _call(
-        section, [master], "install_cluster_peer_keys", {"keys": missing, "order": order}, timeout
-    )
-    if master in errors:
-        return dict(report, result=False, error=errors[master])
-    return multimaster_cluster.peer_keys_result(report, answers[master])
-
-
 def share_peer_keys(masters=None, test=False, timeout=60):
     """
     Mode cluster: give every master (or ``masters``) the public keys of its peers that it lacks,
@@ -632,66 +527,7 @@ def share_peer_keys(masters=None, test=False, timeout=60):
         salt-run multimaster.share_peer_keys
         salt-run multimaster.share_peer_keys masters=10.0.3.64 test=True
     """
-    try:
-        section, targets = _cluster_section(masters, "peer keys exist")
-    except SaltInvocationError as exc:
-        return _refused(exc)
-    keys, not_here = multimaster_cluster.own_peer_keys(section, __opts__["cluster_pki_dir"])
-    answers, errors = _call(
-        section, targets, "cluster_peer_keys", {}, timeout, multimaster_cluster.peer_keys_check
-    )
-    report = {m: {"result": False, "error": errors[m]} for m in targets if m in errors}
-    signer = None if test or not answers else _signer_key()
-    for master in targets:
-        if master in answers:
-            _progress(f"{master}: peer keys")
-            report[master] = _share_one(section, master, answers[master], keys, signer, timeout)
-    ret = {"masters": report, "not_held_here": not_here}
-    if test:
-        ret["test"] = True
-    return _finish(ret, bool(not_here) or not all(r["result"] for r in report.values()))
-
-
-def _cluster_section(masters, what="this exists"):
-    """
-    ``(section, targets)`` in mode cluster: the pillar section and the master ids ``masters``
-    names (default all); refuses any other mode (saying ``what`` exists in mode cluster only)
-    and an id not in the pillar.
-    """
-    section = _section()
-    multimaster_cluster.check_mode(section, f"{what} in mode cluster only")
-    return section, multimaster_cluster.targets(section, _id_list(masters, "masters"))
-
-
-def _share_aes_one(section, master, answer, key, own, test, timeout):
-    """
-    Give ``master`` this master's cluster AES key (``key``, described by ``own``) unless it
-    holds it or a newer one; with ``test`` only report.
-    """
-    report = multimaster_cluster.aes_plan(answer["held"], own, test)
-    if report:
-        return report
-    entry = _by_id(section)[master]
-    problem = _recipient_problem(entry, {}, planning=True)
-    if problem:
-        return {"result": False, "error": problem}
-    try:
-        envelope = multimaster_cluster.aes_envelope(
-            key,
-            own,
-            entry["minion_id"],
-            _primary_key_entry(entry["minion_id"])[1],
-            _signer_key(),
-            _bound(_binding(answer, master), sender=__opts__["id"]),
-        )
-    except ValueError as exc:
-        return {"result": False, "error": str(exc)}
-    answers, errors = _call(
-        section, [master], "install_cluster_aes", {"envelope": envelope}, timeout
-    )
-    if master in errors:
-        return {"result": False, "error": errors[master]}
-    return multimaster_cluster.aes_result(answers[master])
+    return multimaster_cluster.share_peer_keys(_run(), masters=masters, test=test, timeout=timeout)
 
 
 def share_cluster_aes(masters=None, test=False, timeout=60):
@@ -722,31 +558,9 @@ def share_cluster_aes(masters=None, test=False, timeout=60):
         salt-run multimaster.share_cluster_aes
         salt-run multimaster.share_cluster_aes test=True
     """
-    try:
-        section, targets = _cluster_section(masters, "the cluster AES key exists")
-        key, own = multimaster_cluster.own_aes(__opts__)
-    except SaltInvocationError as exc:
-        return _refused(exc)
-    peers = [m for m in targets if m != _this_master(section)]
-    answers, errors = _call(
-        section, peers, "cluster_aes_info", {}, timeout, multimaster_cluster.aes_info_check
+    return multimaster_cluster.share_cluster_aes(
+        _run(), masters=masters, test=test, timeout=timeout, recipient_problem=_recipient_problem
     )
-    report = {m: {"result": False, "error": errors[m]} for m in peers if m in errors}
-    for master in peers:
-        if master in answers:
-            report[master] = _share_aes_one(
-                section, master, answers[master], key, own, test, timeout
-            )
-    del key
-    ret = {"masters": report}
-    if test:
-        ret["test"] = True
-    return _finish(ret, not all(r["result"] for r in report.values()))
-
-
-# A rotation of this master's key is shared once: repeats of its event (Salt's own, or any a
-# minion fires under its tag) within this many seconds cost one read of the key file.
-AES_REPEAT_WINDOW = 60
 
 
 def cluster_aes_rotated(timeout=60):
@@ -763,35 +577,9 @@ def cluster_aes_rotated(timeout=60):
 
         salt-run multimaster.cluster_aes_rotated
     """
-    own = multimaster_cluster.held_aes(__opts__) if __opts__.get("cluster_id") else None
-    if own is None:
-        return _finish({"comment": "this master holds no cluster AES key; nothing shared"}, False)
-    with multimaster_reactor.claimed(
-        __opts__, "cluster_aes", "cluster", own["digest"], AES_REPEAT_WINDOW
-    ) as claim:
-        if not claim:
-            return _finish({"comment": "this key was shared moments ago; nothing to do"}, False)
-        return share_cluster_aes(timeout=timeout)
-
-
-def _started_master():
-    """
-    When this master's running salt-master started, if it wrote Salt's ``startup`` sentinel
-    since (``multimaster_cluster.started``), else None.
-    """
-    config_dir = os.path.dirname(__opts__.get("conf_file") or "")
-    return multimaster_cluster.started(__opts__["pidfile"], config_dir, __opts__["cachedir"])
-
-
-def _nudge_raft():
-    """
-    Propose the no-op Raft entry (fired on this master's bus, carried to the leader), once. 1
-    when the bus took it, else 0.
-    """
-    if _fire_on_own_bus(*multimaster_cluster.nudge_event(), 1):
-        log.info("multimaster: proposed a no-op Raft entry so that restarted masters get ready")
-        return 1
-    return 0
+    return multimaster_cluster.cluster_aes_rotated(
+        _run(), timeout=timeout, recipient_problem=_recipient_problem
+    )
 
 
 def cluster_ready(timeout=120, interval=1):
@@ -816,26 +604,9 @@ def cluster_ready(timeout=120, interval=1):
 
         salt-run multimaster.cluster_ready
     """
-    try:
-        multimaster_cluster.check_mode(_section(), "readiness is a cluster matter")
-    except SaltInvocationError as exc:
-        return _refused(exc)
-    start, nudges, next_nudge = time.monotonic(), 0, 0.0
-    while True:
-        waited = time.monotonic() - start
-        since = _started_master()
-        # Proposed even when this master is ready: a restarted peer that won may need it.
-        if since is not None and waited >= next_nudge:
-            nudges += _nudge_raft()
-            next_nudge = waited + multimaster_cluster.NUDGE_INTERVAL
-        if since is not None and multimaster_cluster.ready(__opts__["cachedir"], since):
-            return _finish({"ready": True, "waited": round(waited, 1), "nudges": nudges}, False)
-        if waited > float(timeout):
-            return _finish(
-                {"ready": False, "comment": f"not ready after {timeout}s", "nudges": nudges},
-                True,
-            )
-        time.sleep(float(interval))
+    return multimaster_cluster.cluster_ready(
+        _run(), timeout=timeout, interval=interval, fire=_fire_on_own_bus
+    )
 
 
 def status(masters=None, timeout=30, ping_timeout=5, test=False):

@@ -2,7 +2,8 @@
 The cluster plane (mode cluster): the planning and both ends of the wire contract of the
 runners ``share_peer_keys`` and ``share_cluster_aes`` (the request each sends, what the control
 minion's ``multimaster_peer`` does with it, the check of its answer), readiness after a restart
-(``cluster_ready``) and the cluster part of ``status``. Plain values in, no loader dunders.
+(``cluster_ready``) and the cluster part of ``status``. Plain values in (the runners' own
+functions take a ``multimaster_control.Run``), no loader dunders.
 
 The cluster's shared AES key (``cluster_pki_dir/.aes``) on masters with an isolated filesystem:
 Salt 3008.3 encrypts every publish of a master cluster with this key and hands it to a minion
@@ -23,10 +24,13 @@ import hashlib
 import logging
 import os
 import tempfile
+import time
 
+import multimaster_control
 import multimaster_daemon
 import multimaster_keys
 import multimaster_keystore
+import multimaster_reactor
 import multimaster_safefs
 import multimaster_seal
 import multimaster_settings
@@ -747,3 +751,205 @@ def install_sealed_aes(minion_opts, master, mopts, envelope):
         multimaster_seal.challenges(minion_opts),
     )
     return install_shared_aes(mopts, key, stamp, sender)
+
+
+# --- runner side -----------------------------------------------------------------------------
+
+# A rotation of this master's key is shared once: repeats of its event (Salt's own, or any a
+# minion fires under its tag) within this many seconds cost one read of the key file.
+AES_REPEAT_WINDOW = 60
+
+
+def cluster_section(run, masters, what="this exists"):
+    """
+    ``(section, targets)`` in mode cluster: the pillar section and the master ids ``masters``
+    names (default all); refuses any other mode (saying ``what`` exists in mode cluster only)
+    and an id not in the pillar.
+    """
+    section = multimaster_control.section(run)
+    check_mode(section, f"{what} in mode cluster only")
+    return section, targets(section, multimaster_control.id_list(masters, "masters"))
+
+
+def _share_one(run, section, master, answer, keys, signer, timeout):
+    """
+    Give ``master`` the keys it lacks (``answer``: what it holds and its challenge), orders
+    signed with ``signer``; with no ``signer`` (test) only report.
+    """
+    entry = multimaster_control.by_id(section)[master]
+    address = multimaster_settings.cluster_address(entry)
+    missing, report = peer_keys_plan(address, answer["held"], keys)
+    if signer is None or not missing:
+        return dict(report, result=not report["conflicts"], written=[])
+    try:
+        bound = multimaster_control.bound(multimaster_control.binding(answer, master))
+        order = peer_keys_order(missing, entry["minion_id"], signer, bound)
+    except ValueError as exc:
+        return dict(report, result=False, error=str(exc))
+    answers, errors = multimaster_control.call(
+        run,
+        section,
+        [master],
+        "install_cluster_peer_keys",
+        {"keys": missing, "order": order},
+        timeout,
+    )
+    if master in errors:
+        return dict(report, result=False, error=errors[master])
+    return peer_keys_result(report, answers[master])
+
+
+def share_peer_keys(run, masters=None, test=False, timeout=60):
+    """
+    The runner's ``share_peer_keys``: give each master of ``masters`` (default all) the peer
+    keys it lacks; returns the report.
+    """
+    try:
+        section, chosen = cluster_section(run, masters, "peer keys exist")
+    except SaltInvocationError as exc:
+        return multimaster_control.refused(run, exc)
+    keys, not_here = own_peer_keys(section, run.opts["cluster_pki_dir"])
+    answers, errors = multimaster_control.call(
+        run, section, chosen, "cluster_peer_keys", {}, timeout, peer_keys_check
+    )
+    report = {m: {"result": False, "error": errors[m]} for m in chosen if m in errors}
+    signer = None if test or not answers else multimaster_control.signer_key(run)
+    for master in chosen:
+        if master in answers:
+            run.progress(f"{master}: peer keys")
+            report[master] = _share_one(
+                run, section, master, answers[master], keys, signer, timeout
+            )
+    ret = {"masters": report, "not_held_here": not_here}
+    if test:
+        ret["test"] = True
+    failed = bool(not_here) or not all(r["result"] for r in report.values())
+    return multimaster_control.finish(run, ret, failed)
+
+
+def _share_aes_one(run, section, master, answer, key, own, test, timeout, recipient_problem):
+    """
+    Give ``master`` this master's cluster AES key (``key``, described by ``own``) unless it
+    holds it or a newer one; with ``test`` only report.
+    """
+    report = aes_plan(answer["held"], own, test)
+    if report:
+        return report
+    entry = multimaster_control.by_id(section)[master]
+    problem = recipient_problem(entry, {}, planning=True)
+    if problem:
+        return {"result": False, "error": problem}
+    try:
+        envelope = aes_envelope(
+            key,
+            own,
+            entry["minion_id"],
+            multimaster_control.primary_key_entry(run, entry["minion_id"])[1],
+            multimaster_control.signer_key(run),
+            multimaster_control.bound(
+                multimaster_control.binding(answer, master), sender=run.opts["id"]
+            ),
+        )
+    except ValueError as exc:
+        return {"result": False, "error": str(exc)}
+    answers, errors = multimaster_control.call(
+        run, section, [master], "install_cluster_aes", {"envelope": envelope}, timeout
+    )
+    if master in errors:
+        return {"result": False, "error": errors[master]}
+    return aes_result(answers[master])
+
+
+def share_cluster_aes(run, masters=None, test=False, timeout=60, *, recipient_problem):
+    """
+    The runner's ``share_cluster_aes``: give each other master of ``masters`` (default all)
+    this master's cluster AES key when it is newer than theirs; returns the report.
+    ``recipient_problem(entry, inventories, planning=)`` says why a master's control minion
+    must not receive a secret (None: it may).
+    """
+    try:
+        section, chosen = cluster_section(run, masters, "the cluster AES key exists")
+        key, own = own_aes(run.opts)
+    except SaltInvocationError as exc:
+        return multimaster_control.refused(run, exc)
+    peers = [m for m in chosen if m != multimaster_control.this_master(run, section)]
+    answers, errors = multimaster_control.call(
+        run, section, peers, "cluster_aes_info", {}, timeout, aes_info_check
+    )
+    report = {m: {"result": False, "error": errors[m]} for m in peers if m in errors}
+    for master in peers:
+        if master in answers:
+            report[master] = _share_aes_one(
+                run, section, master, answers[master], key, own, test, timeout, recipient_problem
+            )
+    del key
+    ret = {"masters": report}
+    if test:
+        ret["test"] = True
+    return multimaster_control.finish(run, ret, not all(r["result"] for r in report.values()))
+
+
+def cluster_aes_rotated(run, timeout=60, *, recipient_problem):
+    """
+    The runner's ``cluster_aes_rotated``: share the cluster AES key this master holds, once per
+    key within ``AES_REPEAT_WINDOW`` seconds; returns the report.
+    """
+    own = held_aes(run.opts) if run.opts.get("cluster_id") else None
+    if own is None:
+        return multimaster_control.finish(
+            run, {"comment": "this master holds no cluster AES key; nothing shared"}, False
+        )
+    with multimaster_reactor.claimed(
+        run.opts, "cluster_aes", "cluster", own["digest"], AES_REPEAT_WINDOW
+    ) as claim:
+        if not claim:
+            return multimaster_control.finish(
+                run, {"comment": "this key was shared moments ago; nothing to do"}, False
+            )
+        return share_cluster_aes(run, timeout=timeout, recipient_problem=recipient_problem)
+
+
+def started_master(run):
+    """
+    When this master's running salt-master started, if it wrote Salt's ``startup`` sentinel
+    since (``started``), else None.
+    """
+    config_dir = os.path.dirname(run.opts.get("conf_file") or "")
+    return started(run.opts["pidfile"], config_dir, run.opts["cachedir"])
+
+
+def nudge_raft(fire):
+    """
+    Propose the no-op Raft entry (fired on this master's bus by ``fire(data, tag, attempts)``,
+    carried to the leader), once. 1 when the bus took it, else 0.
+    """
+    if fire(*nudge_event(), 1):
+        log.info("multimaster: proposed a no-op Raft entry so that restarted masters get ready")
+        return 1
+    return 0
+
+
+def cluster_ready(run, timeout=120, interval=1, *, fire):
+    """
+    The runner's ``cluster_ready``: propose the no-op Raft entry (by ``fire``, as ``nudge_raft``)
+    every ``NUDGE_INTERVAL`` seconds until this master is ready; returns the report.
+    """
+    try:
+        check_mode(multimaster_control.section(run), "readiness is a cluster matter")
+    except SaltInvocationError as exc:
+        return multimaster_control.refused(run, exc)
+    start, nudges, next_nudge = time.monotonic(), 0, 0.0
+    while True:
+        waited = time.monotonic() - start
+        since = started_master(run)
+        # Proposed even when this master is ready: a restarted peer that won may need it.
+        if since is not None and waited >= next_nudge:
+            nudges += nudge_raft(fire)
+            next_nudge = waited + NUDGE_INTERVAL
+        if since is not None and ready(run.opts["cachedir"], since):
+            ret = {"ready": True, "waited": round(waited, 1), "nudges": nudges}
+            return multimaster_control.finish(run, ret, False)
+        if waited > float(timeout):
+            ret = {"ready": False, "comment": f"not ready after {timeout}s", "nudges": nudges}
+            return multimaster_control.finish(run, ret, True)
+        time.sleep(float(interval))

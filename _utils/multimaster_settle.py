@@ -1,13 +1,18 @@
 """
 Waiting for masters to settle: a runner run right after ``multimaster.master`` meets masters
 restarting (the state restarts a master once the job that changed its config has returned), and
-rides that out with progress instead of failing on the first master that does not answer.
+rides that out with progress instead of failing on the first master that does not answer; and
+the runner's own waits (``wait_masters``, ``wait_master_stopped``, ``wait_minions``).
 """
 
 import time
 
+import multimaster_cluster
 import multimaster_control
-from salt.exceptions import SaltClientError
+import multimaster_daemon
+import salt.client
+import salt.utils.minions
+from salt.exceptions import SaltClientError, SaltInvocationError
 
 # master_settled answers in well under a second; a control minion that is restarting does not
 # answer at all, and each poll that meets one waits this long (plus Salt's find_job round).
@@ -56,3 +61,109 @@ def await_restarts(run, found):
             )
         run.progress(f"waiting for {', '.join(waiting)} to finish restarting ({round(waited)}s)")
         time.sleep(1)
+
+
+# --- runner side -----------------------------------------------------------------------------
+
+
+def wait_masters(run, timeout=180, interval=1, skip=None, *, fire):
+    """
+    The runner's ``wait_masters``: poll until every master but ``skip`` is settled; in mode
+    cluster propose the no-op Raft entry (by ``fire``, as ``multimaster_cluster.nudge_raft``)
+    every ``NUDGE_INTERVAL`` seconds meanwhile. Returns the report.
+    """
+    try:
+        found = multimaster_control.section(run)
+        skipped = set(multimaster_control.id_list(skip, "skip"))
+    except SaltInvocationError as exc:
+        return multimaster_control.refused(run, exc)
+    start = time.monotonic()
+    waiting, last = [m for m in multimaster_control.ids(found) if m not in skipped], {}
+    next_nudge = multimaster_cluster.NUDGE_INTERVAL
+    while True:
+        answers, errors = poll_settled(run, found, waiting)
+        waiting = [m for m in waiting if not (answers.get(m) or {}).get("settled")]
+        last = {m: errors.get(m) or answers.get(m) for m in waiting}
+        waited = round(time.monotonic() - start, 1)
+        if not waiting:
+            ret = {"comment": "every master is up", "waited": waited}
+            return multimaster_control.finish(run, ret, False)
+        if waited > float(timeout):
+            ret = {"comment": f"not settled after {timeout}s", "masters": last, "waited": waited}
+            return multimaster_control.finish(run, ret, True)
+        cluster = found["mode"] == "cluster"
+        if cluster and waited >= next_nudge and multimaster_cluster.started_master(run) is not None:
+            # A restarted master may have won the election: see cluster_ready.
+            multimaster_cluster.nudge_raft(fire)
+            next_nudge = waited + multimaster_cluster.NUDGE_INTERVAL
+        time.sleep(float(interval))
+
+
+def _checked_host(host):
+    if not isinstance(host, str) or not host or any(c.isspace() for c in host):
+        raise multimaster_control.Refused(
+            f"host={host!r}: expected the address or host name of a master"
+        )
+    return host
+
+
+def wait_master_stopped(run, host, timeout=90, interval=1):
+    """
+    The runner's ``wait_master_stopped``: poll until ``host`` no longer listens on the set's
+    publish and return ports. Returns the report.
+    """
+    try:
+        found = multimaster_control.section(run)
+        _checked_host(host)
+    except SaltInvocationError as exc:
+        return multimaster_control.refused(run, exc)
+    ports = {name: found["ports"][name] for name in ("publish", "ret")}
+    start = time.monotonic()
+    while True:
+        listening = [f"{host}:{p}" for p in ports.values() if multimaster_daemon.port_open(host, p)]
+        waited = round(time.monotonic() - start, 1)
+        if not listening:
+            ret = {"comment": f"{host} no longer listens", "waited": waited}
+            return multimaster_control.finish(run, ret, False)
+        if waited > float(timeout):
+            ret = {"comment": f"still listening on {', '.join(listening)} after {timeout}s"}
+            return multimaster_control.finish(run, ret, True)
+        time.sleep(float(interval))
+
+
+def wait_minions(run, tgt="*", timeout=180, interval=2):
+    """
+    The runner's ``wait_minions``: ping the accepted minions ``tgt`` matches until all answer,
+    with progress naming the silent ones. Returns the report.
+    """
+    if not isinstance(tgt, str) or not tgt:
+        return multimaster_control.refused(
+            run, multimaster_control.Refused(f"tgt: got {tgt!r}; expected a glob of minion ids")
+        )
+    expected = set(salt.utils.minions.CkMinions(run.opts).check_minions(tgt)["minions"])
+    if not expected:
+        return multimaster_control.refused(
+            run,
+            multimaster_control.Refused(
+                f"tgt: no minion key accepted on this master matches {tgt!r}: accept the "
+                "minion first (salt-key -a <id>), then wait for it"
+            ),
+        )
+    start, silent = time.monotonic(), set(expected)
+    with salt.client.get_local_client(run.opts["conf_file"]) as client:
+        while True:
+            answered = client.cmd(sorted(silent), "test.ping", tgt_type="list", timeout=5)
+            silent -= {m for m, ret in (answered or {}).items() if ret is True}
+            waited = round(time.monotonic() - start, 1)
+            if not silent:
+                ret = {"comment": f"{len(expected)} minions answer", "waited": waited}
+                return multimaster_control.finish(run, ret, False)
+            if waited > float(timeout):
+                ret = {
+                    "comment": f"not answering after {timeout}s",
+                    "silent": sorted(silent)[: multimaster_control.SHOWN],
+                }
+                return multimaster_control.finish(run, ret, True)
+            shown = ", ".join(sorted(silent)[:10])
+            run.progress(f"{len(silent)} minions not answering yet: {shown}")
+            time.sleep(float(interval))

@@ -11,6 +11,7 @@ import os
 import stat
 
 import pytest
+import salt.client
 
 from .helpers import HOT_PAIR, load_module
 from .keyfactory import priv_pem, pub_pem, rsa_private
@@ -108,9 +109,7 @@ def hosts(tmp_path, monkeypatch):
         return {m: {"ret": by_minion[m].call(fun, kwarg), "retcode": 0} for m in minions}
 
     monkeypatch.setattr(multimaster_returns, "cmd_returns", cmd_returns)
-    monkeypatch.setattr(
-        runner.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext()
-    )
+    monkeypatch.setattr(salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext())
     monkeypatch.setattr(multimaster_control, "signer_key", lambda run: priv_pem(PRIMARY_KEY))
     monkeypatch.setattr(
         multimaster_control,

@@ -8,17 +8,24 @@ test.
 """
 
 import contextlib
+import time
 
 import pytest
+import salt.client
+import salt.utils.event
+import salt.utils.minions
 
 from .helpers import load_module
 from .keyfactory import priv_pem, pub_pem, rsa_private
 
+import multimaster_cluster  # noqa: E402  isort: skip
 import multimaster_control  # noqa: E402  isort: skip
+import multimaster_daemon  # noqa: E402  isort: skip
 import multimaster_keystore  # noqa: E402  isort: skip
 import multimaster_reactions  # noqa: E402  isort: skip
 import multimaster_returns  # noqa: E402  isort: skip
 import multimaster_seal  # noqa: E402  isort: skip
+import multimaster_settings  # noqa: E402  isort: skip
 import multimaster_settle  # noqa: E402  isort: skip
 
 SECTION = {
@@ -192,7 +199,7 @@ def restarting(runner, monkeypatch):
     with an empty inventory. Returns the list of functions published.
     """
     calls = []
-    monkeypatch.setattr(runner.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
 
     def restarting(answers):
         polls = iter(answers)
@@ -208,7 +215,7 @@ def restarting(runner, monkeypatch):
                 return {m: {"ret": ret, "retcode": 0} for m, ret in answer.items()}
 
         monkeypatch.setattr(
-            runner.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(Client())
+            salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(Client())
         )
         return calls
 
@@ -269,7 +276,7 @@ def use(runner, monkeypatch):
     def use(returns):
         client = FakeClient(returns)
         monkeypatch.setattr(
-            runner.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(client)
+            salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(client)
         )
         return client
 
@@ -643,7 +650,7 @@ def cluster_bus(runner, monkeypatch):
             return True
 
     monkeypatch.setattr(
-        runner.salt.utils.event,
+        salt.utils.event,
         "get_master_event",
         lambda *a, **k: contextlib.nullcontext(Bus()),
     )
@@ -732,7 +739,7 @@ def test_key_event_in_a_cluster_retries_a_bus_that_refuses_the_replay(
             return True
 
     monkeypatch.setattr(
-        runner.salt.utils.event, "get_master_event", lambda *a, **k: contextlib.nullcontext(Bus())
+        salt.utils.event, "get_master_event", lambda *a, **k: contextlib.nullcontext(Bus())
     )
     use({})
     store(["rejected", "ab:cd"])
@@ -888,7 +895,7 @@ def recording_client(runner, monkeypatch, digests, entries):
             return {m: {"ret": answers[m], "retcode": 0} for m in tgt}
 
     monkeypatch.setattr(
-        runner.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(Client())
+        salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(Client())
     )
     return calls
 
@@ -959,7 +966,7 @@ def test_a_key_only_a_peer_holds_is_fetched_from_it_by_bucket(
             return {"cm2": {"ret": dict(entries, pubs=pubs), "retcode": 0}} if peer_answers else {}
 
     monkeypatch.setattr(
-        runner.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(Client())
+        salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(Client())
     )
     ret = runner.sync_keys(test=True)
     assert calls == [
@@ -1002,7 +1009,7 @@ def test_a_master_without_keys_in_the_differing_buckets_is_not_asked(
 
 
 class FakeClock:
-    """The runner's ``time``: each sleep moves the clock on by what was asked, or 1 s."""
+    """The waits' ``time``: each sleep moves the clock on by what was asked, or 1 s."""
 
     def __init__(self):
         self.now = 0.0
@@ -1021,14 +1028,16 @@ def health(runner, monkeypatch, tmp_path):
     since ``state["since"]`` (None: not running); the events fired on its bus are recorded, the
     bus takes them while ``state["takes"]``, and ``state["on_fire"]`` (if set) runs on each.
     """
-    monkeypatch.setattr(runner, "_section", lambda *a, **k: {"mode": "cluster"})
+    monkeypatch.setattr(multimaster_control, "section", lambda *a, **k: {"mode": "cluster"})
     monkeypatch.setitem(runner.__opts__, "cachedir", str(tmp_path))
     monkeypatch.setitem(runner.__opts__, "sock_dir", str(tmp_path))
     monkeypatch.setitem(runner.__opts__, "pidfile", str(tmp_path / "salt-master.pid"))
-    monkeypatch.setattr(runner, "time", FakeClock())
+    clock = FakeClock()
+    monkeypatch.setattr(multimaster_cluster, "time", clock)
+    monkeypatch.setattr(multimaster_settle, "time", clock)
     (tmp_path / "health").mkdir()
     state = {"since": 0.0, "takes": True, "on_fire": None, "fired": []}
-    monkeypatch.setattr(runner.multimaster_daemon, "running_since", lambda *a, **k: state["since"])
+    monkeypatch.setattr(multimaster_daemon, "running_since", lambda *a, **k: state["since"])
 
     class Bus:
         def fire_event(self, data, tag):
@@ -1038,7 +1047,7 @@ def health(runner, monkeypatch, tmp_path):
             return state["takes"]
 
     monkeypatch.setattr(
-        runner.salt.utils.event, "get_master_event", lambda *a, **k: contextlib.nullcontext(Bus())
+        salt.utils.event, "get_master_event", lambda *a, **k: contextlib.nullcontext(Bus())
     )
     return tmp_path / "health", state
 
@@ -1105,9 +1114,9 @@ def test_cluster_ready_refuses_outside_mode_cluster(runner, use):
 @pytest.mark.parametrize("function", ["cluster_ready", "share_peer_keys"])
 def test_a_malformed_section_is_refused(runner, monkeypatch, function):
     def broken(*_, **__):
-        raise runner.multimaster_settings.SettingsError("multimaster:mode: got 'x'; expected ...")
+        raise multimaster_settings.SettingsError("multimaster:mode: got 'x'; expected ...")
 
-    monkeypatch.setattr(runner, "_section", broken)
+    monkeypatch.setattr(multimaster_control, "section", broken)
     ret = getattr(runner, function)()
     assert ret["retcode"] == 1 and "multimaster:mode: got 'x'" in ret["comment"], ret
 
@@ -1128,7 +1137,7 @@ def test_wait_masters_proposes_a_raft_entry_every_5_s_only_in_a_cluster(
     sentinels, state = health
     (sentinels / "startup").write_text("1")
     state["since"] = since
-    monkeypatch.setattr(runner, "_section", lambda *a, **k: dict(SECTION, mode=mode))
+    monkeypatch.setattr(multimaster_control, "section", lambda *a, **k: dict(SECTION, mode=mode))
     use({"cm1": {"settled": True}, "cm2": {"up": False}})
     ret = runner.wait_masters(timeout=12, interval=1)
     assert ret["retcode"] == 1, ret
@@ -1300,7 +1309,7 @@ def test_a_forgery_that_answers_first_in_the_return_stream_is_refused(runner, mo
             pass
 
     monkeypatch.setattr(
-        runner.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(Client())
+        salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(Client())
     )
     ret = runner.wait_masters(timeout=0, interval=0)
     assert list(ret["masters"]) == ["m2"], ret
@@ -1327,7 +1336,7 @@ def test_each_call_carries_a_fresh_nonce(runner, monkeypatch):
 
     monkeypatch.setattr(multimaster_returns, "cmd_returns", cmd_returns)
     monkeypatch.setattr(
-        runner.salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(Client())
+        salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(Client())
     )
     runner.wait_masters(timeout=0, interval=0)
     runner.wait_masters(timeout=0, interval=0)
@@ -1349,9 +1358,9 @@ def test_wait_minions_with_no_accepted_minion_matching_is_refused_and_publishes_
         def check_minions(self, tgt):
             return {"minions": []}
 
-    monkeypatch.setattr(runner.salt.utils.minions, "CkMinions", NoMinions)
+    monkeypatch.setattr(salt.utils.minions, "CkMinions", NoMinions)
     monkeypatch.setattr(
-        runner.salt.client,
+        salt.client,
         "get_local_client",
         lambda *a, **k: pytest.fail("nothing may be published"),
     )
@@ -1363,7 +1372,7 @@ def test_wait_minions_with_no_accepted_minion_matching_is_refused_and_publishes_
 @pytest.mark.parametrize("host", [None, "", "10.0.0.9 10.0.0.8", ["10.0.0.9"]])
 def test_wait_master_stopped_refuses_what_is_not_an_address(runner, monkeypatch, host):
     monkeypatch.setattr(
-        runner.multimaster_daemon, "port_open", lambda *a: pytest.fail("nothing may be probed")
+        multimaster_daemon, "port_open", lambda *a: pytest.fail("nothing may be probed")
     )
     ret = runner.wait_master_stopped(host)
     assert ret["retcode"] == 1
@@ -1372,6 +1381,6 @@ def test_wait_master_stopped_refuses_what_is_not_an_address(runner, monkeypatch,
 
 def test_wait_master_stopped_waits_until_both_ports_are_closed(runner, monkeypatch):
     probes = iter([True, True, False, True, False, False])
-    monkeypatch.setattr(runner.multimaster_daemon, "port_open", lambda *a: next(probes))
+    monkeypatch.setattr(multimaster_daemon, "port_open", lambda *a: next(probes))
     ret = runner.wait_master_stopped("10.9.9.9", timeout=30, interval=0)
     assert ret["retcode"] == 0 and ret["comment"] == "10.9.9.9 no longer listens", ret
