@@ -1,6 +1,6 @@
 import pytest
 
-from .helpers import read_defaults
+from tests.support.loading import read_defaults
 
 
 @pytest.fixture
