@@ -30,6 +30,16 @@ def load_module(name, relpath):
     return module
 
 
+def load_for(request, relpath):
+    """
+    ``relpath`` loaded for the test module that ``request`` (a module-scoped fixture's) serves,
+    under a name of its own: each test module has a copy of its own, so that nothing one test
+    module leaves on a loaded module reaches another.
+    """
+    kind, _, stem = relpath.removesuffix(".py").lstrip("_").partition("/")
+    return load_module(f"{stem}_{kind}_for_{request.module.__name__.rpartition('.')[2]}", relpath)
+
+
 def _values(path):
     with open(path, encoding="utf-8") as handle:
         return salt.utils.yaml.safe_load(handle)["values"]

@@ -13,11 +13,6 @@ import pytest
 from tests.support.loading import load_module
 
 
-@pytest.fixture(scope="module")
-def backend():
-    return load_module("multimaster_fileserver", "_fileserver/multimaster.py")
-
-
 @pytest.fixture
 def opts(tmp_path):
     return {"cachedir": str(tmp_path), "minimum_auth_version": 3}

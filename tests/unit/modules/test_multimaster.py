@@ -15,7 +15,7 @@ import pytest
 import salt.utils.yaml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from tests.support.loading import ROOT, load_module, read_defaults
+from tests.support.loading import ROOT, read_defaults
 
 
 def other_user():
@@ -26,14 +26,6 @@ def other_user():
         if entry.pw_uid != os.getuid():
             return entry.pw_name
     pytest.skip("no second user on this system")
-
-
-@pytest.fixture(scope="module")
-def mod():
-    """
-    Loaded once; the loader mock gives it fresh dunders for each test.
-    """
-    return load_module("multimaster_mod", "_modules/multimaster.py")
 
 
 @pytest.fixture

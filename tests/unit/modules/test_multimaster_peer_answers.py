@@ -14,21 +14,12 @@ import salt.minion
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from tests.support.keyfactory import priv_pem, pub_pem, rsa_private
-from tests.support.loading import load_module
 
 CONTROL = rsa_private(tag=70)
 MASTER = {"id": "m2", "host": "10.0.0.2", "config_dir": "/etc/salt", "minion_id": "cm2"}
 SECTION = {"ports": {"publish": 4505, "ret": 4506}, "masters": [MASTER]}
 NONCE = "ab" * 32
 SERVED = {"served": True, "reason": "signed in"}
-
-
-@pytest.fixture(scope="module")
-def peer():
-    """
-    Loaded once; the loader mock gives it fresh dunders for each test.
-    """
-    return load_module("multimaster_peer_answers", "_modules/multimaster_peer.py")
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import multimaster_cluster as mc
 import pytest
 
 from tests.support.keyfactory import priv_pem, pub_pem, rsa_private
-from tests.support.loading import cluster_section, load_module
+from tests.support.loading import cluster_section
 
 CLUSTER_KEY = rsa_private(tag=1)
 CONTROL_KEY = rsa_private(tag=5)
@@ -86,11 +86,6 @@ def test_what_is_not_a_salt_aes_key_is_refused_without_quoting_it(mopts, bad):
         mc.install_aes(mopts, bad, 5000.0)
     assert not bad or bad not in str(err.value)
     assert mc.read_aes(mopts) == before
-
-
-@pytest.fixture(scope="module")
-def peer():
-    return load_module("multimaster_peer_cluster_aes", "_modules/multimaster_peer.py")
 
 
 @pytest.fixture

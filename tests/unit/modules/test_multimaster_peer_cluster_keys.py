@@ -14,18 +14,13 @@ import multimaster_cluster as mc
 import pytest
 
 from tests.support.keyfactory import priv_pem, pub_pem, rsa_private
-from tests.support.loading import cluster_section, load_module
+from tests.support.loading import cluster_section
 
 ADDRESSES = ("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4")
 OWN = ADDRESSES[3]
 CLUSTER_KEY = rsa_private(tag=1)
 PEER_KEYS = {a: pub_pem(rsa_private(tag=10 + i)) for i, a in enumerate(ADDRESSES)}
 SECTION = cluster_section(ADDRESSES)
-
-
-@pytest.fixture(scope="module")
-def peer():
-    return load_module("multimaster_peer_cluster_keys", "_modules/multimaster_peer.py")
 
 
 @pytest.fixture

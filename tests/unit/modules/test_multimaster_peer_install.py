@@ -7,19 +7,10 @@ from the pillar and minion id that ``configure_loader_modules`` gives the module
 
 import pytest
 
-from tests.support.loading import load_module
 from tests.support.transfers import master_serving, stage_json
 
 MASTER = {"id": "m2", "host": "10.0.0.2", "config_dir": "/etc/salt", "minion_id": "cm2"}
 SECTION = {"ports": {"publish": 4505, "ret": 4506}, "masters": [MASTER]}
-
-
-@pytest.fixture(scope="module")
-def peer():
-    """
-    Loaded once; the loader mock gives it fresh dunders for each test.
-    """
-    return load_module("multimaster_peer_install", "_modules/multimaster_peer.py")
 
 
 @pytest.fixture

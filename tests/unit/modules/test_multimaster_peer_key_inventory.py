@@ -7,14 +7,8 @@ import pytest
 
 from tests.support.keyfactory import pub_pem, rsa_private
 from tests.support.loading import HOT_PAIR as SECTION
-from tests.support.loading import load_module
 
 PEM = pub_pem(rsa_private(tag=5))
-
-
-@pytest.fixture(scope="module")
-def peer():
-    return load_module("multimaster_peer_key_inventory", "_modules/multimaster_peer.py")
 
 
 @pytest.fixture

@@ -7,13 +7,7 @@ user whose runner ACL happens to match it, on a master whose own id is its contr
 import pytest
 import salt.utils.user
 
-from tests.support.loading import load_module
 from tests.support.transfers import stage_json
-
-
-@pytest.fixture(scope="module")
-def transfer():
-    return load_module("multimaster_transfer_runner", "_runners/multimaster_transfer.py")
 
 
 @pytest.fixture

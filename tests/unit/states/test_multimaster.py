@@ -9,24 +9,6 @@ import pwd
 
 import pytest
 
-from tests.support.loading import load_module
-
-
-@pytest.fixture(scope="module")
-def mod():
-    """
-    The execution module the state calls; loaded once, fresh dunders for each test.
-    """
-    return load_module("multimaster_mod_for_states", "_modules/multimaster.py")
-
-
-@pytest.fixture(scope="module")
-def state():
-    """
-    Loaded once; the loader mock gives it fresh dunders for each test.
-    """
-    return load_module("multimaster_state", "_states/multimaster.py")
-
 
 @pytest.fixture
 def opts():
