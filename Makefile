@@ -21,7 +21,8 @@ PYTHON ?= python3
 # The suites every supported Salt line runs: key and roots planes (keys/test_join also serves
 # hot and failover minions from every master), and the formula's foundation. Fault injection
 # and the stand-alone hot and failover modules run on the pinned line only, to keep CI short.
-COMPAT_TESTS := tests/unit/test_saltcompat.py tests/unit/test_peer_answers.py tests/integration/keys \
+COMPAT_TESTS := tests/unit/utils/test_multimaster_saltcompat.py \
+	tests/unit/modules/test_multimaster_peer_answers.py tests/integration/keys \
 	tests/integration/test_master_config.py tests/integration/test_local_apply.py
 
 .PHONY: venv demo down test test-compat lint bench reference

@@ -7,18 +7,14 @@ for a master, the grace that lets that job's return reach its bus has passed).
 """
 
 import os
-import pathlib
 import signal
 import subprocess
 import sys
 import time
 
+import multimaster_daemon
 import psutil
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "_utils"))
-
-import multimaster_daemon  # noqa: E402
 
 # Behaves as far as a restart can tell like salt-master: writes <config dir>/salt-master.pid,
 # exits on SIGTERM.

@@ -11,20 +11,18 @@ jobs in that database, whatever a return carries.
 import pathlib
 import stat
 
+import multimaster_jobcache
+import multimaster_transport
 import pytest
 import salt.config
 import salt.loader
 import salt.utils.job
 
 from tests.support import postgres
-from tests.unit import helpers  # noqa: F401  (puts _utils on sys.path)
 
 from .conftest import ROOT
 from .test_apply import changed, failed, results, state_sls
 from .test_render import pillar
-
-import multimaster_jobcache  # noqa: E402  isort: skip
-import multimaster_transport  # noqa: E402  isort: skip
 
 DB_HOST, DB_PORT = "127.0.0.9", 30193
 PASSWORD = "job-cache-password-marker-9b1e"

@@ -6,16 +6,14 @@ store. Salt 3008's runner and cache drivers, loaded as a master loads them; no d
 (the claim is about the store, the daemons' key plane on mmap_key is tests/integration/keys).
 """
 
+import multimaster_keys
+import multimaster_keystore
+import multimaster_saltcompat
 import pytest
 import salt.config
 import salt.loader
 
-from tests.unit import helpers  # noqa: F401  (puts _utils on sys.path)
 from toolkit import devkit
-
-import multimaster_keys  # noqa: E402  isort: skip
-import multimaster_keystore  # noqa: E402  isort: skip
-import multimaster_saltcompat  # noqa: E402  isort: skip
 
 pytestmark = pytest.mark.skipif(
     not multimaster_saltcompat.has_key_cache(), reason="mmap_key is a Salt 3008 key-cache driver"

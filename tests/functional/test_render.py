@@ -364,7 +364,7 @@ def test_cluster_outputs(rendered):
     env, results = rendered("cluster")
     minion = minion_dataset(env, results)
     # This minion controls a master: it talks to that master, never the balancer (127.0.0.10,
-    # what every other minion gets: tests/unit/test_cluster_config.py).
+    # what every other minion gets: tests/unit/utils/test_multimaster_cluster.py).
     assert minion["master"] == ["127.0.0.3"]
     assert minion["master_type"] == "str"
 

@@ -1,0 +1,93 @@
+"""
+``multimaster_peer.install_master_key`` swaps the key only while the master is stopped, and
+starts the master again even when storing the key fails: a failed install must not leave the
+master down. The daemon and key store calls are recorded, not run; this host's master entry comes
+from the pillar and minion id that ``configure_loader_modules`` gives the module.
+"""
+
+import pytest
+
+from tests.support.transfers import master_serving, stage_json
+
+import multimaster_daemon  # noqa: E402  isort: skip
+
+MASTER = {"id": "m2", "host": "10.0.0.2", "config_dir": "/etc/salt", "minion_id": "cm2"}
+SECTION = {"ports": {"publish": 4505, "ret": 4506}, "masters": [MASTER]}
+
+
+@pytest.fixture
+def sender(tmp_path):
+    """
+    The sending master's opts: its outbox holds what the runner staged.
+    """
+    return {"cachedir": str(tmp_path / "sender"), "minimum_auth_version": 3}
+
+
+@pytest.fixture
+def configure_loader_modules(peer, sender):
+    """
+    What Salt's loader would inject on m2's control minion; patched in and restored for each test.
+    """
+    pillar = {"multimaster": SECTION}
+    return {
+        peer: {
+            "__opts__": {"id": "cm2", "conf_file": "/etc/salt/minion"},
+            "__salt__": {
+                "pillar.get": lambda key, default=None, **kw: pillar.get(key, default),
+                "publish.runner": master_serving(sender, "cm2"),
+            },
+            "__context__": {},
+        }
+    }
+
+
+@pytest.fixture
+def calls(peer, monkeypatch):
+    """
+    The daemon and key store calls, recorded in order; the envelope opens to a fixed pair.
+    """
+    calls = []
+    monkeypatch.setattr(peer.multimaster_masterkey, "opened_pair", lambda *a: ("PEM", "PUB", "ab"))
+    keystore, daemon = peer.multimaster_keystore, multimaster_daemon
+    monkeypatch.setattr(keystore, "master_opts", lambda d: {"pidfile": "/run/m.pid"})
+    monkeypatch.setattr(keystore, "read_master_key", lambda *a, **k: None)
+    monkeypatch.setattr(
+        daemon,
+        "stop_now",
+        lambda *a: calls.append("stop") or {"was_running": True, "service": None},
+    )
+    monkeypatch.setattr(daemon, "start_now", lambda *a: calls.append("start"))
+    monkeypatch.setattr(daemon, "wait_port", lambda *a: calls.append("wait") or False)
+    return calls
+
+
+def test_the_master_is_started_again_when_the_store_fails(peer, calls, sender, monkeypatch):
+    def broken(*args, **kwargs):
+        calls.append("store")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(peer.multimaster_keystore, "install_master_key", broken)
+    with pytest.raises(OSError, match="disk full"):
+        peer.install_master_key(stage_json(sender, "cm2", {"envelope": "sealed"}))
+    assert calls == ["stop", "store", "start"]
+
+
+def test_the_key_is_stored_only_while_the_master_is_stopped(peer, calls, sender, monkeypatch):
+    monkeypatch.setattr(
+        peer.multimaster_keystore,
+        "install_master_key",
+        lambda *a, **k: calls.append("store"),
+    )
+    ret = peer.install_master_key(stage_json(sender, "cm2", {"envelope": "sealed"}))
+    assert calls[:3] == ["stop", "store", "start"]
+    assert ret["changed"] is True and ret["served"] is False
+
+
+def test_a_used_transfer_is_refused_before_anything_stops(peer, calls, sender):
+    transfer = stage_json(sender, "cm2", {"envelope": "sealed"})
+    peer.multimaster_transport.fetch(
+        transfer, lambda t, o: peer.multimaster_transport.serve(sender, "cm2", t, o)
+    )
+    with pytest.raises(peer.multimaster_transport.TransferError, match="replay"):
+        peer.install_master_key(transfer)
+    assert calls == []

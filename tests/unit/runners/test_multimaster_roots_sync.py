@@ -1,0 +1,271 @@
+"""
+``sync_roots`` end to end in one process: the runner on the primary and the control minions'
+``multimaster_peer`` on both masters, with real manifests, sealing, staging and pulls. Only the
+publish (each call runs the peer function directly) and the request channel (a pull is served
+from the primary's outbox) are stand-ins; every tree is real, under tmp.
+"""
+
+import contextlib
+import json
+import os
+import stat
+
+import multimaster_control
+import multimaster_keystore
+import multimaster_masterkey
+import multimaster_returns
+import multimaster_safefs
+import multimaster_status
+import multimaster_transport
+import pytest
+import salt.client
+
+from tests.support.keyfactory import priv_pem, pub_pem, rsa_private
+from tests.support.loading import HOT_PAIR, load_module
+
+PRIMARY_KEY = rsa_private(tag=20)
+CONTROL_KEYS = {"cm1": rsa_private(tag=21), "cm2": rsa_private(tag=22)}
+SECTION = HOT_PAIR
+
+
+def mode_of(path):
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+class Host:
+    """
+    One master host: its roots (``salt``, ``pillar``), its master's opts and its control
+    minion's ``multimaster_peer``, loaded under a name of its own.
+    """
+
+    def __init__(self, base, entry, primary_opts=None):
+        self.base = base
+        self.entry = entry
+        self.salt, self.pillar = base / "salt", base / "pillar"
+        self.opts = {
+            "file_roots": {"base": [str(self.salt)]},
+            "pillar_roots": {"base": [str(self.pillar)]},
+            "cachedir": str(base / "master-cache"),
+            "minimum_auth_version": 3,
+            "pidfile": str(base / "salt-master.pid"),
+        }
+        minion = entry["minion_id"]
+        pki = base / "minion-pki"
+        pki.mkdir(parents=True)
+        (pki / "minion.pem").write_text(priv_pem(CONTROL_KEYS[minion]))
+        (pki / "minion_master.pub").write_text(pub_pem(PRIMARY_KEY))
+        self.peer = load_module(f"multimaster_peer_sync_{minion}", "_modules/multimaster_peer.py")
+        self.peer.__opts__ = {
+            "id": minion,
+            "pki_dir": str(pki),
+            "cachedir": str(base / "minion-cache"),
+            "pidfile": str(base / "salt-minion.pid"),
+        }
+        # Content comes through the primary's file server (serve): never by peer_run here.
+        self.peer.__salt__ = {"publish.runner": lambda *a, **k: {"error": "no peer_run here"}}
+        self.peer._local = lambda: (dict(self.entry), SECTION)
+        self.peer._mopts = lambda: (dict(self.entry), self.opts)
+        self.sender = primary_opts or self.opts
+        self.returns = []
+
+    def call(self, fun, kwarg):
+        """
+        What the control minion returns for ``multimaster_peer.<fun>``, recorded.
+        """
+        ret = getattr(self.peer, fun.rpartition(".")[2])(**(kwarg or {}))
+        self.returns.append(ret)
+        return ret
+
+    def serve(self, ticket, offset):
+        """
+        The primary's file server answering this control minion's pull.
+        """
+        return multimaster_transport.serve(
+            self.sender, self.entry["minion_id"], ticket, offset, raw=True
+        )
+
+
+@pytest.fixture
+def hosts(tmp_path, monkeypatch):
+    """
+    ``(runner, primary, peer)``: the runner with m1's opts, and both hosts; a runner call on a
+    control minion runs its ``multimaster_peer`` function here.
+    """
+    primary = Host(tmp_path / "m1", SECTION["masters"][0])
+    peer = Host(tmp_path / "m2", SECTION["masters"][1], primary.opts)
+    runner = load_module("multimaster_runner_sync", "_runners/multimaster.py")
+    runner.__opts__ = dict(primary.opts, multimaster=SECTION, conf_file=str(tmp_path / "none"))
+    runner.__context__ = {}
+    by_minion = {h.entry["minion_id"]: h for h in (primary, peer)}
+    # One pull class for both control minions: each pull is served to the minion that made it.
+    monkeypatch.setattr(
+        multimaster_transport.ContentPull,
+        "_fileserver_pull",
+        lambda pull, ticket, offset: by_minion[pull._opts["id"]].serve(ticket, offset),
+    )
+
+    def cmd_returns(client, minions, fun, kwarg=None, timeout=None):
+        return {m: {"ret": by_minion[m].call(fun, kwarg), "retcode": 0} for m in minions}
+
+    monkeypatch.setattr(multimaster_returns, "cmd_returns", cmd_returns)
+    monkeypatch.setattr(salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(multimaster_control, "signer_key", lambda run: priv_pem(PRIMARY_KEY))
+    monkeypatch.setattr(
+        multimaster_control,
+        "primary_key_entry",
+        lambda run, minion_id: ("accepted", pub_pem(CONTROL_KEYS[minion_id]), None),
+    )
+    for path in (primary.salt, peer.salt):
+        path.mkdir()
+    return runner, primary, peer
+
+
+def private_pillar(root):
+    """
+    A pillar tree its owner keeps to itself: 0700 root and subdirectory, 0644 files.
+    """
+    (root / "customers").mkdir(parents=True)
+    (root / "top.sls").write_text("base:\n  '*': [customers.acme]\n")
+    (root / "customers" / "acme.sls").write_text("acme: {}\n")
+    for path in (root / "top.sls", root / "customers" / "acme.sls"):
+        path.chmod(0o644)
+    for path in (root / "customers", root):
+        path.chmod(0o700)
+
+
+@pytest.fixture
+def modes_at_writes(hosts, monkeypatch):
+    """
+    The modes of the peer's pillar root and of the directory written into, at each write.
+    """
+    _, _, peer = hosts
+    seen = []
+    safefs = multimaster_safefs
+    real = safefs.write_file
+
+    def write_file(root, relpath, *args, **kwargs):
+        directory = os.path.dirname(os.path.join(root, relpath))
+        seen.append([mode_of(p) for p in (peer.pillar, directory) if os.path.isdir(p)])
+        return real(root, relpath, *args, **kwargs)
+
+    monkeypatch.setattr(safefs, "write_file", write_file)
+    return seen
+
+
+@pytest.mark.parametrize("before", ["missing", "world-readable"])
+def test_a_peer_s_pillar_is_never_readable_wider_than_the_primary_s(hosts, before, modes_at_writes):
+    runner, primary, peer = hosts
+    private_pillar(primary.pillar)
+    if before == "world-readable":
+        (peer.pillar / "customers").mkdir(parents=True, mode=0o755)
+        (peer.pillar / "customers").chmod(0o755)
+        peer.pillar.chmod(0o755)
+    ret = runner.sync_roots(roots="pillar")
+    assert ret["retcode"] == 0, ret
+    # Narrowed before any file went in, never wider meanwhile.
+    assert modes_at_writes and all(mode == 0o700 for modes in modes_at_writes for mode in modes)
+    assert (peer.pillar / "customers" / "acme.sls").read_text() == "acme: {}\n"
+    assert mode_of(peer.pillar) == 0o700
+    assert mode_of(peer.pillar / "customers") == 0o700
+    assert mode_of(peer.pillar / "customers" / "acme.sls") == 0o644
+    # Equal now, directory modes included: a re-run finds nothing to do.
+    again = runner.sync_roots(roots="pillar")
+    assert again["masters"]["m2"] == {"result": True, "changed": False}, again
+
+
+def test_a_peer_s_wider_pillar_directory_is_narrowed_when_the_files_are_equal(hosts):
+    runner, primary, peer = hosts
+    private_pillar(primary.pillar)
+    assert runner.sync_roots(roots="pillar")["retcode"] == 0
+    (peer.pillar / "customers").chmod(0o755)
+    ret = runner.sync_roots(roots="pillar")
+    assert ret["retcode"] == 0 and ret["masters"]["m2"]["changes"]["counts"]["dir_modes"] == 1
+    assert mode_of(peer.pillar / "customers") == 0o700
+
+
+def test_file_root_directories_get_the_primary_s_modes(hosts):
+    # Through the directory digests the publish carries: only the differing directories move.
+    runner, primary, peer = hosts
+    (primary.salt / "web" / "conf").mkdir(parents=True)
+    (primary.salt / "web" / "conf" / "app.conf").write_text("x\n")
+    (primary.salt / "top.sls").write_text("base: {}\n")
+    (primary.salt / "web").chmod(0o750)
+    (primary.salt / "web" / "conf").chmod(0o755)
+    ret = runner.sync_roots(roots="file")
+    assert ret["retcode"] == 0, ret
+    assert mode_of(peer.salt / "web") == 0o750
+    assert mode_of(peer.salt / "web" / "conf") == 0o755
+    (peer.salt / "web").chmod(0o777)
+    ret = runner.sync_roots(roots="file")
+    assert ret["masters"]["m2"]["changes"]["dir_modes"] == [str(primary.salt / "web")], ret
+    assert mode_of(peer.salt / "web") == 0o750
+    assert runner.sync_roots(roots="file")["masters"]["m2"] == {"result": True, "changed": False}
+
+
+SECRET = "secret-customer-name"
+
+
+def named_pillar(primary, peer, tmp_path):
+    """
+    Pillar whose every kind of entry carries a name that is itself a secret: a file, a
+    directory, a symlink (skipped), a stale file on the peer (deleted), a file of another mode
+    and a directory of another mode there, and a symlinked directory there (its write fails).
+    """
+    for root in (primary.pillar, peer.pillar):
+        (root / f"{SECRET}-dir").mkdir(parents=True)
+        (root / f"{SECRET}-mode.sls").write_text("same\n")
+    (primary.pillar / f"{SECRET}.sls").write_text("customer: acme\n")
+    (primary.pillar / f"{SECRET}-dir" / "init.sls").write_text("x: 1\n")
+    (primary.pillar / f"{SECRET}-link.sls").symlink_to(primary.pillar / f"{SECRET}.sls")
+    (primary.pillar / f"{SECRET}-linked").mkdir()
+    (primary.pillar / f"{SECRET}-linked" / "init.sls").write_text("y: 1\n")
+    (peer.pillar / f"{SECRET}-dir" / "init.sls").write_text("x: 1\n")
+    (peer.pillar / f"{SECRET}-dir").chmod(0o777)
+    (peer.pillar / f"{SECRET}-mode.sls").chmod(0o666)
+    (peer.pillar / f"{SECRET}-stale.sls").write_text("old\n")
+    (tmp_path / "elsewhere").mkdir()
+    (peer.pillar / f"{SECRET}-linked").symlink_to(tmp_path / "elsewhere")
+
+
+def leaked(*documents):
+    return SECRET in json.dumps(documents, default=str)
+
+
+def test_pillar_file_names_are_in_no_runner_or_peer_return(hosts, tmp_path):
+    runner, primary, peer = hosts
+    named_pillar(primary, peer, tmp_path)
+    dry = runner.sync_roots(roots="pillar", test=True)
+    assert dry["masters"]["m2"]["planned"]["counts"]["added"] == 2, dry
+    synced = runner.sync_roots(roots="pillar")
+    # The write below the peer's symlinked directory fails: reported, without its name.
+    [failed, *_] = synced["masters"]["m2"]["failed"]
+    assert synced["retcode"] == 1 and "not a plain directory" in failed, synced
+    assert (peer.pillar / f"{SECRET}.sls").read_text() == "customer: acme\n"
+    assert not leaked(dry, synced, primary.returns, peer.returns)
+
+
+def test_status_names_no_pillar_file_of_a_differing_root(hosts, tmp_path, monkeypatch):
+    runner, primary, peer = hosts
+    named_pillar(primary, peer, tmp_path)
+
+    # The same answers on both hosts, but for the binding each names its own master in.
+    def binding(master):
+        return {"challenge": "c" * 64, "target": master["id"], "config_dir": "/etc/salt"}
+
+    keys = {"alive": True, "digest": "0" * 64, "buckets": {}, "count": 0, "repair": False}
+    monkeypatch.setattr(
+        multimaster_keystore,
+        "peer_inventory",
+        lambda minion_opts, master, mopts: dict(keys, binding=binding(master)),
+    )
+    monkeypatch.setattr(
+        multimaster_masterkey,
+        "master_key_info",
+        lambda minion_opts, master, mopts, signing=False: {"pub": None, "binding": binding(master)},
+    )
+    monkeypatch.setattr(multimaster_status, "store_problems", lambda mopts, signing: [])
+    monkeypatch.setattr(multimaster_status, "ping_minions", lambda config_dir, timeout=5: [])
+    ret = runner.status()
+    assert ret["roots_equal"] is False and "pillar_roots base 0" in ret["roots_differ"], ret
+    assert ret["roots_differ"]["pillar_roots base 0"]["m2"], ret
+    assert not leaked(ret, primary.returns, peer.returns)

@@ -1,0 +1,196 @@
+"""
+The state module ``_states/multimaster.py``, loaded under its own name; its ``__salt__`` holds
+the real execution-module functions (loaded the same way), so only the situation is staged. The
+dunders of both come from ``configure_loader_modules``, patched in for each test.
+"""
+
+import os
+import pwd
+
+import pytest
+
+
+@pytest.fixture
+def opts():
+    """
+    The state module's ``__opts__``; tests switch on test mode in place.
+    """
+    return {"test": False}
+
+
+@pytest.fixture
+def mod_opts(tmp_path):
+    """
+    The execution module's ``__opts__``: a minion with a config file and no running daemon.
+    """
+    (tmp_path / "minion").write_text("")
+    return {
+        "id": "minion1",
+        "pidfile": str(tmp_path / "minion.pid"),
+        "conf_file": str(tmp_path / "minion"),
+    }
+
+
+@pytest.fixture
+def configure_loader_modules(mod, state, mod_opts, opts):
+    """
+    What Salt's loader would inject into both; pytest-salt-factories patches it in and restores
+    it.
+    """
+    return {
+        mod: {
+            "__opts__": mod_opts,
+            "__salt__": {},
+            "__context__": {},
+        },
+        state: {
+            "__opts__": opts,
+            "__salt__": {
+                "multimaster.restart_minion": mod.restart_minion,
+                "multimaster.restart_master": mod.restart_master,
+                "multimaster.key_file_problems": mod.key_file_problems,
+            },
+            "__context__": {},
+        },
+    }
+
+
+def test_virtual_needs_the_execution_module(state):
+    assert state.__virtual__() == "multimaster"
+    state.__salt__.clear()
+    result = state.__virtual__()
+    assert result[0] is False and "saltutil.sync_all" in result[1]
+
+
+def test_minion_restarted_test_mode_changes_nothing(state, opts, tmp_path):
+    opts["test"] = True
+    calls = []
+    state.__salt__["multimaster.restart_minion"] = lambda **kw: calls.append(kw)
+    ret = state.minion_restarted("restart")
+    assert ret == {
+        "name": "restart",
+        "result": None,
+        "changes": {},
+        "comment": "salt-minion would be restarted after this job returns",
+    }
+    assert calls == []
+
+
+def test_minion_restarted_without_a_running_minion(state, tmp_path):
+    # salt-call --local in an image build: nothing runs, the state succeeds without changes.
+    ret = state.minion_restarted("restart")
+    assert ret["result"] is True
+    assert ret["changes"] == {}
+    assert ret["comment"] == (
+        f"salt-minion not restarted: no running daemon recorded in {tmp_path / 'minion.pid'}"
+    )
+
+
+def test_minion_restarted_reports_the_scheduled_restart(state):
+    seen = {}
+
+    def restart_minion(service, delay):
+        seen.update(service=service, delay=delay)
+        return {"scheduled": True, "pid": 42, "how": "systemctl restart salt-minion"}
+
+    state.__salt__["multimaster.restart_minion"] = restart_minion
+    ret = state.minion_restarted("restart", service="salt-minion@x", delay=2)
+    assert seen == {"service": "salt-minion@x", "delay": 2}
+    assert ret["result"] is True
+    assert ret["changes"] == {"restart": "systemctl restart salt-minion"}
+    assert ret["comment"] == "salt-minion will restart after this job returns"
+
+
+def test_master_restarted_not_running(state, tmp_path):
+    state.__salt__["multimaster.restart_master"] = lambda **kw: {
+        "scheduled": False,
+        "reason": "no running daemon recorded in /run/salt-master.pid",
+    }
+    ret = state.master_restarted("restart")
+    assert ret["result"] is True and ret["changes"] == {}
+    assert ret["comment"] == (
+        "salt-master not restarted: no running daemon recorded in /run/salt-master.pid"
+    )
+
+
+def test_mod_watch_takes_the_low_chunk(state, opts, tmp_path):
+    # Salt passes the whole low chunk to mod_watch: unknown keys must not break it.
+    opts["test"] = True
+    low = {"__reqs__": {"watch": []}, "__id__": "x", "fun": "mod_watch", "state": "multimaster"}
+    assert "salt-master" in state.mod_watch("x", sfun="master_restarted", **low)["comment"]
+    assert "salt-minion" in state.mod_watch("x", sfun="minion_restarted", **low)["comment"]
+
+
+def test_master_key_files_secure(state, tmp_path):
+    user = pwd.getpwuid(os.getuid()).pw_name
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    (pki / "master.pem").write_text("k")
+    os.chmod(pki / "master.pem", 0o400)
+    ret = state.master_key_files_secure("keys", pki_dir=str(pki), user=user)
+    assert ret == {
+        "name": "keys",
+        "result": True,
+        "changes": {},
+        "comment": f"Master key files in {pki} are secure",
+    }
+    os.chmod(pki / "master.pem", 0o640)
+    ret = state.master_key_files_secure("keys", pki_dir=str(pki), user=user)
+    assert ret["result"] is False
+    assert ret["changes"] == {}
+    assert ret["comment"] == f"{pki / 'master.pem'}: mode 0640; expected 0400"
+
+
+def synced_returner(opts, tmp_path, content=b"# the formula's returner\n"):
+    """
+    This minion's ``extension_modules`` with the returner ``saltutil.sync_all`` put there.
+    """
+    opts["extension_modules"] = str(tmp_path / "minion-extmods")
+    synced = tmp_path / "minion-extmods" / "returners" / "multimaster_pgjsonb.py"
+    synced.parent.mkdir(parents=True)
+    synced.write_bytes(content)
+    return synced
+
+
+def test_job_cache_returner_installed_where_the_master_loads_it(state, opts, tmp_path):
+    """
+    Copied from what was synced to this minion, 0644, owned by the master's user, into
+    directories it creates owned by that user as well; a second run changes nothing.
+    """
+    synced = synced_returner(opts, tmp_path)
+    user = pwd.getpwuid(os.getuid()).pw_name
+    target = tmp_path / "master-cache" / "extmods" / "returners" / "multimaster_pgjsonb.py"
+    opts["test"] = True
+    ret = state.job_cache_returner_installed(str(target), user=user)
+    assert ret["result"] is None and ret["changes"] == {"returner": "installed"}
+    assert not target.parent.exists()
+    opts["test"] = False
+    ret = state.job_cache_returner_installed(str(target), user=user)
+    assert ret["result"] is True and ret["changes"] == {"returner": "installed"}, ret
+    assert target.read_bytes() == synced.read_bytes()
+    assert target.stat().st_mode & 0o777 == 0o644
+    for path in (target, target.parent, target.parent.parent):
+        assert path.stat().st_uid == os.getuid()
+    again = state.job_cache_returner_installed(str(target), user=user)
+    assert again["result"] is True and again["changes"] == {}
+    synced.write_bytes(b"# a newer formula\n")
+    ret = state.job_cache_returner_installed(str(target), user=user)
+    assert ret["changes"] == {"returner": "updated"}
+    assert target.read_bytes() == b"# a newer formula\n"
+
+
+def test_job_cache_returner_installed_needs_the_synced_returner(state, opts, tmp_path):
+    opts["extension_modules"] = str(tmp_path / "minion-extmods")
+    target = tmp_path / "extmods" / "returners" / "multimaster_pgjsonb.py"
+    ret = state.job_cache_returner_installed(str(target))
+    assert ret["result"] is False and "run saltutil.sync_all on it" in ret["comment"]
+    assert not target.exists()
+
+
+def test_job_cache_returner_installed_installs_only_the_formulas_returner(state, opts, tmp_path):
+    synced_returner(opts, tmp_path)
+    target = tmp_path / "extmods" / "returners" / "pgjsonb.py"
+    ret = state.job_cache_returner_installed(str(target))
+    assert ret["result"] is False
+    assert ret["comment"] == f"{target}: expected a file named multimaster_pgjsonb.py"
+    assert not target.exists()

@@ -1,0 +1,282 @@
+"""
+The good path of ``multimaster_settings``: merging over the defaults, and the master and minion
+configuration each mode implies.
+"""
+
+import copy
+import pathlib
+
+import multimaster_settings as ms
+import pytest
+
+from tests.support.keyfactory import pub_pem, rsa_private
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+PEM = pub_pem(rsa_private(tag=30))
+# Salt's cluster names a peer by its id and dials it by the same string.
+CLUSTER_MASTERS = [{"id": h, "host": h} for h in ("10.0.3.61", "10.0.3.230")]
+
+
+def build(defaults, **pillar):
+    pillar.setdefault(
+        "masters",
+        [{"id": "master1", "host": "10.0.3.61"}, {"id": "master2", "host": "10.0.3.230"}],
+    )
+    return ms.build(pillar, defaults)
+
+
+def test_merge_over_defaults_keeps_what_pillar_does_not_set(defaults):
+    settings = build(defaults, ports={"publish": 5505}, minion={"retry_dns": 5})
+    assert settings["mode"] == "hot"
+    assert settings["ports"] == {"publish": 5505, "ret": 4506}
+    assert settings["minion"]["retry_dns"] == 5
+    assert settings["minion"]["master_tries"] == defaults["minion"]["master_tries"]
+    assert settings["failover"] == defaults["failover"]
+    assert settings["lookup"] == defaults["lookup"]
+    assert settings["install_packages"] is True
+    assert settings["manage_services"] is True
+
+
+def test_build_changes_neither_pillar_nor_defaults(defaults):
+    pillar = {"mode": "hot", "masters": [{"id": "master1", "host": "h1"}], "ports": {"ret": 5506}}
+    pillar_before, defaults_before = copy.deepcopy(pillar), copy.deepcopy(defaults)
+    settings = ms.build(pillar, defaults)
+    settings["masters"][0]["host"] = "changed"
+    settings["ports"]["publish"] = 1
+    assert pillar == pillar_before
+    assert defaults == defaults_before
+
+
+def test_lookup_is_overridable_from_pillar(defaults):
+    settings = build(
+        defaults, lookup={"config_file": "zz-multimaster.conf", "master": {"service": "master"}}
+    )
+    assert settings["lookup"]["config_file"] == "zz-multimaster.conf"
+    # Merged key by key: the package names stay.
+    assert settings["lookup"]["master"] == {**defaults["lookup"]["master"], "service": "master"}
+    assert settings["lookup"]["minion"] == defaults["lookup"]["minion"]
+
+
+def test_minion_id_defaults_to_the_master_id(defaults):
+    settings = build(
+        defaults,
+        masters=[
+            {"id": "master1", "host": "10.0.3.61"},
+            {"id": "master2", "host": "10.0.3.230", "minion_id": "ctl2"},
+        ],
+    )
+    assert [m["minion_id"] for m in settings["masters"]] == ["master1", "ctl2"]
+    assert ms.primary(settings)["id"] == "master1"
+    assert ms.find_master(settings, "ctl2")["id"] == "master2"
+    assert ms.find_master(settings, "master2") is None
+
+
+def test_hot_configs(defaults):
+    settings = build(defaults)
+    minion = ms.minion_config(settings)
+    assert minion == {
+        "master": ["10.0.3.61", "10.0.3.230"],
+        "master_port": 4506,
+        "publish_port": 4505,
+        "master_type": "str",
+        "retry_dns": 30,
+        "master_tries": 1,
+    }
+    master = ms.master_config(settings, settings["masters"][1])
+    assert (master["publish_port"], master["ret_port"]) == (4505, 4506)
+    # What pillar does not set stays the master's own (master.d replaces a key it sets).
+    assert not {"interface", "file_roots", "pillar_roots"} & set(master)
+    section = master["multimaster"]
+    assert section == ms.runner_section(settings)
+    assert {"mode", "ports", "masters", "manage_services"} <= set(section)
+    assert not {"master", "minion", "lookup", "install_packages"} & set(section)
+    assert section["mode"] == "hot"
+    assert [m["minion_id"] for m in section["masters"]] == ["master1", "master2"]
+    for key in ("master_sign_pubkey", "gitfs_remotes", "gitfs_provider"):
+        assert key not in master
+    # The file server serves roots, and last the formula's transfers (sync_roots' content).
+    assert master["fileserver_backend"] == ["roots", "multimaster"]
+
+
+def test_reactors_are_rendered_only_when_pillar_asks(defaults):
+    """
+    No ``reactor`` option by default; each switch adds its own tag and SLS.
+    """
+    master = build(defaults)["masters"][0]
+    assert "reactor" not in ms.master_config(build(defaults), master)
+    keys = build(defaults, reactor={"keys": True})
+    assert ms.master_config(keys, master)["reactor"] == [
+        {"salt/key": ["salt://multimaster/reactor/keys.sls"]}
+    ]
+    both = build(defaults, reactor={"keys": True, "first_highstate": True})
+    assert ms.master_config(both, master)["reactor"] == [
+        {"salt/key": ["salt://multimaster/reactor/keys.sls"]},
+        {"salt/minion/*/start": ["salt://multimaster/reactor/first_highstate.sls"]},
+    ]
+    for _, sls in ms.REACTORS.values():
+        assert (REPO_ROOT / sls.removeprefix("salt://")).is_file(), sls
+
+
+def test_per_master_interface_wins(defaults):
+    settings = build(
+        defaults,
+        masters=[
+            {"id": "m1", "host": "127.0.0.2", "interface": "127.0.0.2"},
+            {"id": "m2", "host": "h"},
+        ],
+        master={"interface": "127.0.0.1"},
+    )
+    assert ms.master_config(settings, settings["masters"][0])["interface"] == "127.0.0.2"
+    assert ms.master_config(settings, settings["masters"][1])["interface"] == "127.0.0.1"
+
+
+def test_only_what_pillar_sets_replaces_the_masters_own(defaults):
+    """
+    A master whose own config serves roots and gitfs from its ``master`` file keeps them: the
+    formula extends its backends and ``peer_run`` instead of writing Salt's defaults over them.
+    """
+    own = {
+        "fileserver_backend": ["gitfs", "roots"],
+        "peer_run": {"^ops$": ["^jobs\\."]},
+        "file_roots": {"base": ["/srv/formulas/site"]},
+        "interface": "10.0.3.61",
+    }
+    settings = build(defaults)
+    master = ms.master_config(settings, settings["masters"][0], own)
+    assert not {"interface", "file_roots", "pillar_roots"} & set(master)
+    assert master["fileserver_backend"] == ["gitfs", "roots", "multimaster"]
+    assert master["peer_run"]["^ops$"] == ["^jobs\\."]
+    assert master["peer_run"]["^(master1|master2)$"] == ["^multimaster_transfer\\.pull$"]
+    chosen = build(defaults, master={"interface": "10.0.3.9", "fileserver_backend": ["roots"]})
+    master = ms.master_config(chosen, chosen["masters"][0], own)
+    assert master["interface"] == "10.0.3.9"
+    assert master["fileserver_backend"] == ["roots", "multimaster"]
+
+
+def test_per_master_roots_win(defaults):
+    """
+    Masters on one host need their own roots: a master's ``file_roots``/``pillar_roots`` win
+    over ``master:`` for that master only.
+    """
+    own = {"base": ["/srv/m2/salt"]}
+    settings = build(
+        defaults,
+        masters=[{"id": "m1", "host": "a"}, {"id": "m2", "host": "b", "file_roots": own}],
+        master={"file_roots": {"base": ["/srv/salt"]}},
+    )
+    first, second = (ms.master_config(settings, m) for m in settings["masters"])
+    assert first["file_roots"] == {"base": ["/srv/salt"]} and second["file_roots"] == own
+    assert "pillar_roots" not in first and "pillar_roots" not in second
+
+
+def test_failover_configs(defaults):
+    settings = build(
+        defaults,
+        mode="failover",
+        failover={"alive_interval": 10, "failback": True, "shuffle": True},
+    )
+    minion = ms.minion_config(settings)
+    assert minion["master_type"] == "failover"
+    assert minion["master"] == ["10.0.3.61", "10.0.3.230"]
+    assert minion["master_alive_interval"] == 10
+    assert minion["master_failback"] is True
+    assert minion["master_failback_interval"] == 30
+    assert minion["random_master"] is True
+    assert minion["random_reauth_delay"] == 60
+    assert "verify_master_pubkey_sign" not in minion
+    master = ms.master_config(settings, settings["masters"][0])
+    assert "master_sign_pubkey" not in master
+    assert master["multimaster"]["failover"]["alive_interval"] == 10
+
+
+def test_failover_with_signing_configs(defaults):
+    settings = build(defaults, mode="failover", signing={"enabled": True, "public_key": PEM})
+    assert ms.minion_config(settings)["verify_master_pubkey_sign"] is True
+    master = ms.master_config(settings, settings["masters"][0])
+    assert master["master_sign_pubkey"] is True
+    assert master["multimaster"]["signing"] == {"enabled": True, "public_key": PEM}
+
+
+def test_cluster_minions_know_only_the_balancer(defaults):
+    settings = build(
+        defaults,
+        mode="cluster",
+        masters=CLUSTER_MASTERS,
+        cluster={"id": "c1", "balancer": "lb.example.com"},
+    )
+    minion = ms.minion_config(settings)
+    assert minion["master"] == ["lb.example.com"]
+    assert minion["master_type"] == "str"
+    assert "master_alive_interval" not in minion
+
+
+def test_ipc_mode_tcp(defaults):
+    settings = build(defaults, minion={"ipc_mode": "tcp", "tcp_pub_port": 4600})
+    minion = ms.minion_config(settings)
+    assert (minion["ipc_mode"], minion["tcp_pub_port"], minion["tcp_pull_port"]) == (
+        "tcp",
+        4600,
+        4511,
+    )
+
+
+def test_ipc_mode_ipc_writes_no_tcp_ports(defaults):
+    minion = ms.minion_config(build(defaults))
+    assert not {"ipc_mode", "tcp_pub_port", "tcp_pull_port"} & set(minion)
+
+
+def test_gitfs_remotes(defaults):
+    remotes = ["https://git.example.com/salt/multimaster-formula.git"]
+    settings = build(defaults, master={"gitfs": {"remotes": remotes}})
+    master = ms.master_config(settings, settings["masters"][0])
+    assert master["fileserver_backend"] == ["roots", "gitfs", "multimaster"]
+    assert master["gitfs_provider"] == "pygit2"
+    assert master["gitfs_remotes"] == remotes
+
+
+def test_fileserver_backends_come_from_pillar_in_order_once(defaults):
+    settings = build(
+        defaults, master={"fileserver_backend": ["gitfs", "roots"], "gitfs": {"remotes": ["x"]}}
+    )
+    master = ms.master_config(settings, settings["masters"][0])
+    assert master["fileserver_backend"] == ["gitfs", "roots", "multimaster"]
+
+
+@pytest.mark.parametrize("backends", [[], "roots", ["roots", ""], ["roots", 3], None])
+def test_a_bad_fileserver_backend_list_is_refused_by_name(defaults, backends):
+    with pytest.raises(ms.SettingsError, match="master:fileserver_backend"):
+        build(defaults, master={"fileserver_backend": backends})
+
+
+def test_acl_is_passed_through_identically_to_every_master(defaults):
+    acl = {
+        "publisher_acl": {"deploy": [{"web*": ["state.apply"]}]},
+        "external_auth": {"pam": {"saltadm%": [".*", "@runner"]}},
+    }
+    settings = build(defaults, master={"acl": copy.deepcopy(acl)})
+    configs = [ms.master_config(settings, master) for master in settings["masters"]]
+    for config in configs:
+        assert config["publisher_acl"] == acl["publisher_acl"]
+        assert config["external_auth"] == acl["external_auth"]
+    assert configs[0] == configs[1]
+
+
+def test_config_passthrough_is_applied_last(defaults):
+    settings = build(defaults, master={"config": {"worker_threads": 3, "interface": "127.0.0.9"}})
+    master = ms.master_config(settings, settings["masters"][0])
+    assert master["worker_threads"] == 3
+    assert master["interface"] == "127.0.0.9"
+
+
+@pytest.mark.parametrize("mode", ["hot", "failover", "cluster"])
+def test_every_mode_builds_with_minimal_pillar(defaults, mode):
+    extra = (
+        {"cluster": {"id": "c1", "balancer": "lb"}, "masters": CLUSTER_MASTERS}
+        if mode == "cluster"
+        else {}
+    )
+    settings = build(defaults, mode=mode, **extra)
+    assert settings["mode"] == mode
+    assert ms.minion_config(settings)["master"]
+    assert ms.master_config(settings, ms.primary(settings))["multimaster"]["mode"] == mode
