@@ -17,8 +17,6 @@ order (the first is the primary). Every function takes ``test=True`` (return the
 nothing) and returns ``retcode: 1`` on any failure.
 """
 
-import logging
-
 try:
     import multimaster_cluster
     import multimaster_control
@@ -33,13 +31,8 @@ try:
 except ImportError:
     HAS_UTILS = False
 
-log = logging.getLogger(__name__)
 
 __virtualname__ = "multimaster"
-
-# Listed ids in a report are capped; counts are always complete.
-SHOWN = 50
-PEER = "multimaster_peer"
 
 
 def __virtual__():
@@ -51,9 +44,6 @@ def __virtual__():
 # --- plumbing --------------------------------------------------------------------------------
 
 
-Refused = multimaster_control.Refused
-
-
 def _run():
     """
     This call's ``Run``: this master's opts, the runner's context and its progress events.
@@ -61,78 +51,10 @@ def _run():
     return multimaster_control.Run(__opts__, __context__, globals().get("__jid_event__"))
 
 
-def _section(opts=None):
-    return multimaster_control.section(_run(), opts)
-
-
-def _on_disk():
-    return multimaster_control.on_disk(_run())
-
-
-def _configured(masters, what):
-    return multimaster_control.configured(_run(), masters, what)
-
-
-def _progress(message):
-    _run().progress(message)
-
-
-def _finish(ret, failed):
-    return multimaster_control.finish(_run(), ret, failed)
-
-
-def _refused(exc):
-    return multimaster_control.refused(_run(), exc)
-
-
-def _this_master(section):
-    return multimaster_control.this_master(_run(), section)
-
-
-def _call(section, masters, fun, kwarg, timeout, check=None):
-    return multimaster_control.call(_run(), section, masters, fun, kwarg, timeout, check)
-
-
-def _staged(section, master, document, fileserver=False):
-    return multimaster_control.staged(_run(), section, master, document, fileserver)
-
-
-def _signer_key():
-    return multimaster_control.signer_key(_run())
-
-
-def _primary_key_entry(minion_id):
-    return multimaster_control.primary_key_entry(_run(), minion_id)
-
-
-def _await_restarts(section):
-    multimaster_settle.await_restarts(_run(), section)
-
-
-def _poll_settled(section, masters):
-    return multimaster_settle.poll_settled(_run(), section, masters)
-
-
-_addressable = multimaster_control.addressable
-_ids = multimaster_control.ids
-_id_list = multimaster_control.id_list
-_by_id = multimaster_control.by_id
-_binding = multimaster_control.binding
-_bound = multimaster_control.bound
-
-
 # --- minion keys -----------------------------------------------------------------------------
 
 
 # Shims for the master key and status planes, and the reactors (``key_event``).
-
-
-def _inventories(section, timeout, ids=None):
-    return multimaster_keysync.inventories(_run(), section, timeout, ids)
-
-
-def _reconcile(section, plan_fn, timeout, test, ids=None, force=False):
-    return multimaster_keysync.reconcile(_run(), section, plan_fn, timeout, test, ids, force)
 
 
 def sync_keys(minion=None, prune=False, test=False, force=False, masters=None, timeout=60):
@@ -175,14 +97,6 @@ def sync_keys(minion=None, prune=False, test=False, force=False, masters=None, t
     """
     return multimaster_keysync.sync_keys(
         _run(), minion=minion, prune=prune, test=test, force=force, masters=masters, timeout=timeout
-    )
-
-
-def _one_id(
-    op, minion_id, fingerprint, test, masters, timeout, force=False, settle=True, **plan_options
-):
-    return multimaster_keysync.one_id(
-        _run(), op, minion_id, fingerprint, test, masters, timeout, force, settle, **plan_options
     )
 
 
@@ -286,9 +200,7 @@ def wait_masters(timeout=180, interval=1, skip=None):
         salt-run multimaster.wait_masters timeout=120
         salt-run multimaster.wait_masters skip=master3
     """
-    return multimaster_settle.wait_masters(
-        _run(), timeout=timeout, interval=interval, skip=skip, fire=_fire_on_own_bus
-    )
+    return multimaster_settle.wait_masters(_run(), timeout=timeout, interval=interval, skip=skip)
 
 
 def wait_master_stopped(host, timeout=90, interval=1):
@@ -385,7 +297,7 @@ def key_event(minion, act, timeout=60):
 
         salt-run multimaster.key_event web1 accept
     """
-    return multimaster_reactions.key_event(_run(), minion, act, timeout, propagate=_one_id)
+    return multimaster_reactions.key_event(_run(), minion, act, timeout)
 
 
 def first_highstate(minion):
@@ -414,15 +326,7 @@ def first_highstate(minion):
     return multimaster_reactions.first_highstate(_run(), minion)
 
 
-def _fire_on_own_bus(data, tag, attempts=None):
-    return multimaster_reactions.fire_on_own_bus(_run(), data, tag, attempts)
-
-
 # --- master key ------------------------------------------------------------------------------
-
-
-def _recipient_problem(master, inventories, planning=False):
-    return multimaster_masterkey.recipient_problem(_run(), master, inventories, planning)
 
 
 def sync_master_key(test=False, masters=None, timeout=180):
@@ -453,7 +357,7 @@ def sync_master_key(test=False, masters=None, timeout=180):
         salt-run multimaster.sync_master_key test=True
     """
     return multimaster_masterkey.sync_master_key(
-        _run(), _inventories, _reconcile, test=test, masters=masters, timeout=timeout
+        _run(), test=test, masters=masters, timeout=timeout
     )
 
 
@@ -487,19 +391,7 @@ def sync_roots(roots="both", test=False, timeout=300):
         salt-run multimaster.sync_roots
         salt-run multimaster.sync_roots roots=pillar test=True
     """
-    return multimaster_rootsync.sync_roots(
-        _run(), roots=roots, test=test, timeout=timeout, recipient_problem=_recipient_problem
-    )
-
-
-# The status section reads peers' manifests as sync_roots does.
-def _opened_manifest(section, master, answer, nonce):
-    return multimaster_rootsync.opened_manifest(
-        _run(), section, master, answer, nonce, _recipient_problem
-    )
-
-
-_malformed_manifest = multimaster_rootsync.malformed_manifest
+    return multimaster_rootsync.sync_roots(_run(), roots=roots, test=test, timeout=timeout)
 
 
 # --- status ----------------------------------------------------------------------------------
@@ -559,7 +451,7 @@ def share_cluster_aes(masters=None, test=False, timeout=60):
         salt-run multimaster.share_cluster_aes test=True
     """
     return multimaster_cluster.share_cluster_aes(
-        _run(), masters=masters, test=test, timeout=timeout, recipient_problem=_recipient_problem
+        _run(), masters=masters, test=test, timeout=timeout
     )
 
 
@@ -577,9 +469,7 @@ def cluster_aes_rotated(timeout=60):
 
         salt-run multimaster.cluster_aes_rotated
     """
-    return multimaster_cluster.cluster_aes_rotated(
-        _run(), timeout=timeout, recipient_problem=_recipient_problem
-    )
+    return multimaster_cluster.cluster_aes_rotated(_run(), timeout=timeout)
 
 
 def cluster_ready(timeout=120, interval=1):
@@ -604,9 +494,7 @@ def cluster_ready(timeout=120, interval=1):
 
         salt-run multimaster.cluster_ready
     """
-    return multimaster_cluster.cluster_ready(
-        _run(), timeout=timeout, interval=interval, fire=_fire_on_own_bus
-    )
+    return multimaster_cluster.cluster_ready(_run(), timeout=timeout, interval=interval)
 
 
 def status(masters=None, timeout=30, ping_timeout=5, test=False):
@@ -636,12 +524,5 @@ def status(masters=None, timeout=30, ping_timeout=5, test=False):
         salt-run multimaster.status
     """
     return multimaster_status.status(
-        _run(),
-        multimaster_status.Planes(
-            multimaster_masterkey.uses_signing, _inventories, _opened_manifest, _malformed_manifest
-        ),
-        masters=masters,
-        timeout=timeout,
-        ping_timeout=ping_timeout,
-        test=test,
+        _run(), masters=masters, timeout=timeout, ping_timeout=ping_timeout, test=test
     )

@@ -30,6 +30,8 @@ import multimaster_control
 import multimaster_daemon
 import multimaster_keys
 import multimaster_keystore
+import multimaster_masterkey
+import multimaster_reactions
 import multimaster_reactor
 import multimaster_safefs
 import multimaster_seal
@@ -827,7 +829,7 @@ def share_peer_keys(run, masters=None, test=False, timeout=60):
     return multimaster_control.finish(run, ret, failed)
 
 
-def _share_aes_one(run, section, master, answer, key, own, test, timeout, recipient_problem):
+def _share_aes_one(run, section, master, answer, key, own, test, timeout):
     """
     Give ``master`` this master's cluster AES key (``key``, described by ``own``) unless it
     holds it or a newer one; with ``test`` only report.
@@ -836,7 +838,7 @@ def _share_aes_one(run, section, master, answer, key, own, test, timeout, recipi
     if report:
         return report
     entry = multimaster_control.by_id(section)[master]
-    problem = recipient_problem(entry, {}, planning=True)
+    problem = multimaster_masterkey.recipient_problem(run, entry, {}, planning=True)
     if problem:
         return {"result": False, "error": problem}
     try:
@@ -860,12 +862,11 @@ def _share_aes_one(run, section, master, answer, key, own, test, timeout, recipi
     return aes_result(answers[master])
 
 
-def share_cluster_aes(run, masters=None, test=False, timeout=60, *, recipient_problem):
+def share_cluster_aes(run, masters=None, test=False, timeout=60):
     """
     The runner's ``share_cluster_aes``: give each other master of ``masters`` (default all)
-    this master's cluster AES key when it is newer than theirs; returns the report.
-    ``recipient_problem(entry, inventories, planning=)`` says why a master's control minion
-    must not receive a secret (None: it may).
+    this master's cluster AES key when it is newer than theirs, never to a control minion that
+    must not receive a secret (``multimaster_masterkey.recipient_problem``); returns the report.
     """
     try:
         section, chosen = cluster_section(run, masters, "the cluster AES key exists")
@@ -880,7 +881,7 @@ def share_cluster_aes(run, masters=None, test=False, timeout=60, *, recipient_pr
     for master in peers:
         if master in answers:
             report[master] = _share_aes_one(
-                run, section, master, answers[master], key, own, test, timeout, recipient_problem
+                run, section, master, answers[master], key, own, test, timeout
             )
     del key
     ret = {"masters": report}
@@ -889,7 +890,7 @@ def share_cluster_aes(run, masters=None, test=False, timeout=60, *, recipient_pr
     return multimaster_control.finish(run, ret, not all(r["result"] for r in report.values()))
 
 
-def cluster_aes_rotated(run, timeout=60, *, recipient_problem):
+def cluster_aes_rotated(run, timeout=60):
     """
     The runner's ``cluster_aes_rotated``: share the cluster AES key this master holds, once per
     key within ``AES_REPEAT_WINDOW`` seconds; returns the report.
@@ -906,7 +907,7 @@ def cluster_aes_rotated(run, timeout=60, *, recipient_problem):
             return multimaster_control.finish(
                 run, {"comment": "this key was shared moments ago; nothing to do"}, False
             )
-        return share_cluster_aes(run, timeout=timeout, recipient_problem=recipient_problem)
+        return share_cluster_aes(run, timeout=timeout)
 
 
 def started_master(run):
@@ -918,20 +919,20 @@ def started_master(run):
     return started(run.opts["pidfile"], config_dir, run.opts["cachedir"])
 
 
-def nudge_raft(fire):
+def nudge_raft(run):
     """
-    Propose the no-op Raft entry (fired on this master's bus by ``fire(data, tag, attempts)``,
-    carried to the leader), once. 1 when the bus took it, else 0.
+    Propose the no-op Raft entry (fired on this master's bus, carried to the leader), once. 1
+    when the bus took it, else 0.
     """
-    if fire(*nudge_event(), 1):
+    if multimaster_reactions.fire_on_own_bus(run, *nudge_event(), 1):
         log.info("multimaster: proposed a no-op Raft entry so that restarted masters get ready")
         return 1
     return 0
 
 
-def cluster_ready(run, timeout=120, interval=1, *, fire):
+def cluster_ready(run, timeout=120, interval=1):
     """
-    The runner's ``cluster_ready``: propose the no-op Raft entry (by ``fire``, as ``nudge_raft``)
+    The runner's ``cluster_ready``: propose the no-op Raft entry (``nudge_raft``)
     every ``NUDGE_INTERVAL`` seconds until this master is ready; returns the report.
     """
     try:
@@ -944,7 +945,7 @@ def cluster_ready(run, timeout=120, interval=1, *, fire):
         since = started_master(run)
         # Proposed even when this master is ready: a restarted peer that won may need it.
         if since is not None and waited >= next_nudge:
-            nudges += nudge_raft(fire)
+            nudges += nudge_raft(run)
             next_nudge = waited + NUDGE_INTERVAL
         if since is not None and ready(run.opts["cachedir"], since):
             ret = {"ready": True, "waited": round(waited, 1), "nudges": nudges}

@@ -1,7 +1,7 @@
 """
 The runners' end of reaching the masters of a set: this master's own section, a call to the
 control minions and the check of every answer, staging a transfer, the key that signs orders,
-and the shape of every runner's report.
+waiting out masters' restarts, and the shape of every runner's report.
 
 Every function takes a ``Run``: this master's opts, the runner's context (where a failed run
 leaves ``retcode``) and its progress events. Nothing here reads loader dunders.
@@ -21,7 +21,7 @@ import salt.client
 import salt.config
 import salt.utils.files
 import salt.utils.json
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import SaltClientError, SaltInvocationError
 
 log = logging.getLogger(__name__)
 
@@ -320,3 +320,52 @@ def signer_key(run):
         with salt.utils.files.fopen(path, "r") as handle:
             return handle.read()
     return multimaster_keystore.read_master_key(run.opts, private=True)
+
+
+# --- waiting out restarts --------------------------------------------------------------------
+
+# master_settled answers in well under a second; a control minion that is restarting does not
+# answer at all, and each poll that meets one waits this long (plus Salt's find_job round).
+SETTLED_POLL_TIMEOUT = 3
+# How long a runner waits for a pending restart before it refuses.
+SETTLE_TIMEOUT = 120
+# A control minion that does not answer may be restarting, or its host may be down: wait this
+# long for it, then go on (the run then reports that master unreachable).
+SILENT_GRACE = 15
+
+
+def poll_settled(run, found, masters):
+    """
+    ``(answers, errors)`` of ``master_settled`` on ``masters``; while this master itself is
+    restarting nothing can be published and every master is an error.
+    """
+    try:
+        return call(run, found, masters, "master_settled", {}, SETTLED_POLL_TIMEOUT)
+    except SaltClientError:
+        return {}, {m: "this master is restarting: nothing can be published yet" for m in masters}
+
+
+def await_restarts(run, found):
+    """
+    Wait, with progress, while a master's restart is pending or this master is restarting;
+    masters that are down are left for the run to report. Raises ``Refused`` naming the
+    masters still restarting after ``SETTLE_TIMEOUT`` seconds.
+    """
+    start = time.monotonic()
+    waiting = ids(found)
+    while True:
+        answers, errors = poll_settled(run, found, waiting)
+        waited = time.monotonic() - start
+        pending = [m for m, a in answers.items() if (a or {}).get("restart_pending")]
+        silent = [m for m in waiting if m not in answers and waited < SILENT_GRACE]
+        waiting = pending + silent
+        if not waiting:
+            return
+        if waited > SETTLE_TIMEOUT:
+            raise Refused(
+                f"a restart of {', '.join(waiting)} is still pending after {SETTLE_TIMEOUT}s "
+                f"({'; '.join(str(errors.get(m) or answers.get(m)) for m in waiting)}): "
+                "run 'salt-run multimaster.wait_masters', then run this command again"
+            )
+        run.progress(f"waiting for {', '.join(waiting)} to finish restarting ({round(waited)}s)")
+        time.sleep(1)

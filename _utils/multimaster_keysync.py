@@ -14,7 +14,6 @@ import multimaster_ids
 import multimaster_keys
 import multimaster_keystore
 import multimaster_seal
-import multimaster_settle
 from salt.exceptions import SaltInvocationError
 
 # What a report lists of a plan, and which of those fail the run.
@@ -274,7 +273,7 @@ def sync_keys(run, minion=None, prune=False, test=False, force=False, masters=No
             multimaster_control.configured(run, masters, "sync_keys"), "sync_keys"
         )
         ids = None if minion is None else [multimaster_ids.check_id(minion, "minion")]
-        multimaster_settle.await_restarts(run, section)
+        multimaster_control.await_restarts(run, section)
     except SaltInvocationError as exc:
         return multimaster_control.refused(run, exc)
     order = multimaster_control.ids(section)
@@ -314,7 +313,7 @@ def one_id(
         multimaster_ids.check_id(minion_id, "minion id")
         if settle:
             # An operator's command waits out restarts; a reactor never waits on a minion.
-            multimaster_settle.await_restarts(run, section)
+            multimaster_control.await_restarts(run, section)
     except SaltInvocationError as exc:
         return multimaster_control.refused(run, exc)
     refused = {}

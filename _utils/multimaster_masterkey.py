@@ -17,8 +17,8 @@ import multimaster_daemon
 import multimaster_handshake
 import multimaster_keys
 import multimaster_keystore
+import multimaster_keysync
 import multimaster_seal
-import multimaster_settle
 import multimaster_transport
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -283,18 +283,17 @@ def _verify_all(run, section, ret, plan, signing, timeout):
             report["reason"] = verified.get("reason") or errors.get(verifier)
 
 
-def sync_master_key(run, inventories, reconcile, test=False, masters=None, timeout=180):
+def sync_master_key(run, test=False, masters=None, timeout=180):
     """
     The ``sync_master_key`` runner: plan, then (unless ``test``) deliver the primary's pair to
-    every stale master and verify what every master serves. ``inventories`` and ``reconcile``
-    are the minion-key plane's inventory read and reconcile, as the runner calls them.
+    every stale master and verify what every master serves.
     """
     try:
         section = multimaster_control.addressable(
             multimaster_control.configured(run, masters, "sync_master_key"), "sync_master_key"
         )
         signing = uses_signing(section)
-        multimaster_settle.await_restarts(run, section)
+        multimaster_control.await_restarts(run, section)
         plan, errors = _key_plan(run, section, signing, timeout)
     except SaltInvocationError as exc:
         return multimaster_control.refused(run, exc)
@@ -306,21 +305,21 @@ def sync_master_key(run, inventories, reconcile, test=False, masters=None, timeo
         if master in plan["info"] and master not in plan["stale"]:
             ret["masters"][master] = {"result": True, "changed": False}
     if test:
-        _plan_stale(run, section, ret, plan, inventories)
+        _plan_stale(run, section, ret, plan)
         return multimaster_control.finish(run, ret, bool(errors))
-    _deliver_stale(run, section, ret, plan, signing, timeout, inventories, reconcile)
+    _deliver_stale(run, section, ret, plan, signing, timeout)
     _verify_all(run, section, ret, plan, signing, timeout)
     failed = any(r.get("result") is False for r in ret["masters"].values())
     return multimaster_control.finish(run, ret, failed)
 
 
-def _plan_stale(run, section, ret, plan, inventories):
+def _plan_stale(run, section, ret, plan):
     """
     Report, for ``test``, what a run would do to each stale master: install, or refuse its
     control minion as a recipient.
     """
     control = [m["minion_id"] for m in section["masters"]]
-    held = inventories(section, 60, ids=control)["inventories"]
+    held = multimaster_keysync.inventories(run, section, 60, ids=control)["inventories"]
     for master in plan["stale"]:
         entry = multimaster_control.by_id(section)[master]
         problem = recipient_problem(run, entry, held, planning=True)
@@ -332,15 +331,17 @@ def _plan_stale(run, section, ret, plan, inventories):
         }
 
 
-def _deliver_stale(run, section, ret, plan, signing, timeout, inventories, reconcile):
+def _deliver_stale(run, section, ret, plan, signing, timeout):
     """
     Accept the control minions everywhere (a sign-in needs it), re-check each recipient, and
     deliver to every master whose stored key is not the intended one.
     """
     control = [m["minion_id"] for m in section["masters"]]
     order = multimaster_control.ids(section)
-    reconcile(section, lambda inv: multimaster_keys.plan(inv, order), 60, False, ids=control)
-    found = inventories(section, 60, ids=control)
+    multimaster_keysync.reconcile(
+        run, section, lambda inv: multimaster_keys.plan(inv, order), 60, False, ids=control
+    )
+    found = multimaster_keysync.inventories(run, section, 60, ids=control)
     held, bindings = found["inventories"], found["bindings"]
     for master in plan["stale"]:
         entry = {"old": plan["stored"][master], "new": plan["intended"]}

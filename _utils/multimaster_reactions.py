@@ -13,6 +13,7 @@ import time
 import multimaster_control
 import multimaster_ids
 import multimaster_keystore
+import multimaster_keysync
 import multimaster_reactor
 import salt.client
 import salt.utils.event
@@ -45,16 +46,11 @@ KEY_REPEAT_WINDOW = 60
 # --- key events ------------------------------------------------------------------------------
 
 
-def key_event(run, minion, act, timeout, propagate):
+def key_event(run, minion, act, timeout):
     """
     The report on a ``salt/key`` event for ``minion`` with ``act`` (``accept``, ``reject`` or
-    ``delete``): the change propagated to every master when this master's store shows it, or
-    replayed to the cluster's peers (``cluster_id`` set).
-
-    propagate
-        Makes one id's key the same on every master: a callable with the signature
-        ``(op, minion_id, fingerprint, test, masters, timeout, force=False, settle=True,
-        **plan_options)`` that returns a report.
+    ``delete``): the change propagated to every master (``multimaster_keysync.one_id``) when
+    this master's store shows it, or replayed to the cluster's peers (``cluster_id`` set).
     """
     try:
         here = _reacting_master(run, minion, act)
@@ -74,7 +70,7 @@ def key_event(run, minion, act, timeout, propagate):
     fingerprint = held[1] if held else multimaster_keystore.held_before(run.opts, minion)
     if op == "delete" and fingerprint is None:
         return _never_held(run, here, minion)
-    ret = _propagate_once(run, here, minion, op, fingerprint, timeout, propagate)
+    ret = _propagate_once(run, here, minion, op, fingerprint, timeout)
     ret["event"] = {"master": here, "id": minion, "act": act}
     return ret
 
@@ -129,7 +125,7 @@ def _never_held(run, here, minion):
     return multimaster_control.finish(run, ret, False)
 
 
-def _propagate_once(run, here, minion, op, fingerprint, timeout, propagate):
+def _propagate_once(run, here, minion, op, fingerprint, timeout):
     """
     ``op`` of ``minion``'s key ``fingerprint`` on every master, re-planned when a concurrent
     reaction overtook it; nothing when a reaction of this master to the same change runs or
@@ -146,7 +142,8 @@ def _propagate_once(run, here, minion, op, fingerprint, timeout, propagate):
             return multimaster_control.finish(run, ret, False)
         for _ in range(_RACE_ROUNDS):
             # A reactor never waits on a restart, as it never waits on a minion.
-            ret = propagate(
+            ret = multimaster_keysync.one_id(
+                run,
                 op,
                 minion,
                 fingerprint,

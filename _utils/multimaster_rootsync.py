@@ -5,18 +5,17 @@ The roots plane's runner side: read each peer's manifest, plan, deliver.
 this master's (sealed to this master and bound to the run), plans per peer what must move
 (``multimaster_roots``), then stages the content encrypted with a fresh key and sends the plan,
 sealed to the peer's control minion, which pulls and applies both. Every function takes a
-``multimaster_control.Run``; those that open a manifest also take the master-key plane's
-``recipient_problem(entry, inventories, planning=False)``: a peer's manifest is read only when
-its control minion passes the check a recipient of a private key must pass.
+``multimaster_control.Run``. A peer's manifest is read only when its control minion passes the
+check a recipient of a private key must pass (``multimaster_masterkey.recipient_problem``).
 """
 
 import dataclasses
 import os
 
 import multimaster_control
+import multimaster_masterkey
 import multimaster_roots
 import multimaster_seal
-import multimaster_settle
 import multimaster_transport
 from salt.exceptions import SaltInvocationError
 
@@ -44,7 +43,7 @@ class _Round:
     errors: dict
 
 
-def sync_roots(run, roots="both", test=False, timeout=300, *, recipient_problem):
+def sync_roots(run, roots="both", test=False, timeout=300):
     """
     Make every peer's ``file_roots`` and ``pillar_roots`` equal to this master's (the primary's);
     see the runner's ``multimaster.sync_roots``.
@@ -62,7 +61,7 @@ def sync_roots(run, roots="both", test=False, timeout=300, *, recipient_problem)
     ret = {"masters": {}, "roots": round_.digests}
     if notes:
         ret["comment"] = "; ".join(notes)
-    ret["masters"] = _synced_masters(run, found, round_, test, timeout, recipient_problem)
+    ret["masters"] = _synced_masters(run, found, round_, test, timeout)
     return multimaster_control.finish(
         run, ret, any(r.get("result") is False for r in ret["masters"].values())
     )
@@ -77,7 +76,7 @@ def _sync_target(run, roots):
         raise multimaster_control.Refused(f"roots={roots!r}: expected one of file, pillar, both")
     current = multimaster_control.on_disk(run)
     found = multimaster_control.addressable(multimaster_control.section(run, current), "sync_roots")
-    multimaster_settle.await_restarts(run, found)
+    multimaster_control.await_restarts(run, found)
     return current, found
 
 
@@ -110,7 +109,7 @@ def _manifest_round(run, found, current, kinds, timeout):
     return _Round(local, digests, nonce, answers, errors)
 
 
-def _synced_masters(run, found, round_, test, timeout, recipient_problem):
+def _synced_masters(run, found, round_, test, timeout):
     """
     Per master: its error, ``changed: False`` where its roots already match, else the result of
     syncing it (in the configured order).
@@ -120,22 +119,18 @@ def _synced_masters(run, found, round_, test, timeout, recipient_problem):
         if multimaster_roots.digests(round_.answers[master]["roots"]) == round_.digests:
             out[master] = {"result": True, "changed": False}
         else:
-            out[master] = _sync_one_root_set(
-                run, found, master, round_, test, timeout, recipient_problem
-            )
+            out[master] = _sync_one_root_set(run, found, master, round_, test, timeout)
     return out
 
 
-def _sync_one_root_set(run, found, master, round_, test, timeout, recipient_problem):
+def _sync_one_root_set(run, found, master, round_, test, timeout):
     """
     Plan ``master``'s roots from its manifest in ``round_`` and, unless ``test``, deliver and
     apply the plan.
     """
     answer, local = round_.answers[master], round_.local
     try:
-        files, modes, partial = opened_manifest(
-            run, found, master, answer, round_.nonce, recipient_problem
-        )
+        files, modes, partial = opened_manifest(run, found, master, answer, round_.nonce)
         pairs, members = multimaster_roots.sync_plan(local, files, modes, partial)
     except (SaltInvocationError, multimaster_seal.SealError) as exc:
         return {"result": False, "error": f"manifest of {master}: {exc}"}
@@ -187,7 +182,7 @@ class _Nonce:
         self.value = None
 
 
-def opened_manifest(run, found, master, answer, nonce, recipient_problem):
+def opened_manifest(run, found, master, answer, nonce):
     """
     ``(files, modes, partial)``: the peer's file manifests and directory modes, unsealed with
     this master's key and checked to be signed by the peer's control minion (its key accepted
@@ -195,7 +190,7 @@ def opened_manifest(run, found, master, answer, nonce, recipient_problem):
     whole root).
     """
     entry = multimaster_control.by_id(found)[master]
-    problem = recipient_problem(entry, {})
+    problem = multimaster_masterkey.recipient_problem(run, entry, {})
     if problem:
         raise multimaster_control.Refused(problem)
     body, _ = multimaster_seal.unseal(

@@ -11,8 +11,6 @@ instead. Read-only everywhere.
 
 import logging
 import os
-from collections.abc import Callable
-from typing import NamedTuple
 
 import multimaster_cluster
 import multimaster_control
@@ -20,8 +18,10 @@ import multimaster_daemon
 import multimaster_jobcache
 import multimaster_keys
 import multimaster_keystore
+import multimaster_keysync
 import multimaster_masterkey
 import multimaster_roots
+import multimaster_rootsync
 import multimaster_seal
 import salt.runner
 import salt.utils.json
@@ -95,21 +95,7 @@ log = logging.getLogger(__name__)
 # --- runner side -----------------------------------------------------------------------------
 
 
-class Planes(NamedTuple):
-    """
-    What the report borrows from the runner's other planes: whether a section signs its master
-    key (``signing(section)``), the minion-key inventories (``inventories(section, timeout)``),
-    a peer's opened roots manifest (``opened_manifest(section, master, answer, nonce)``) and the
-    error for a manifest lacking fields (``malformed_manifest(master)``).
-    """
-
-    signing: Callable
-    inventories: Callable
-    opened_manifest: Callable
-    malformed_manifest: Callable
-
-
-def status(run, planes, masters=None, timeout=30, ping_timeout=5, test=False):
+def status(run, masters=None, timeout=30, ping_timeout=5, test=False):
     """
     ``salt-run multimaster.status``: the report of a hot or failover set, or of a cluster.
     Read-only: ``test`` changes nothing either.
@@ -120,7 +106,7 @@ def status(run, planes, masters=None, timeout=30, ping_timeout=5, test=False):
         return multimaster_control.refused(run, exc)
     if section["mode"] == "cluster":
         return cluster_status(run, section)
-    return _set_status(run, planes, section, timeout, ping_timeout)
+    return _set_status(run, section, timeout, ping_timeout)
 
 
 def cluster_status(run, section):
@@ -136,23 +122,21 @@ def cluster_status(run, section):
     return multimaster_control.finish(run, *multimaster_cluster.status_report(section, members))
 
 
-def _set_status(run, planes, section, timeout, ping_timeout):
+def _set_status(run, section, timeout, ping_timeout):
     """
     The report of a hot or failover set, finished: ``retcode`` 1 when a master does not answer
     or anything that must be equal differs.
     """
-    signing = planes.signing(section)
+    signing = multimaster_masterkey.uses_signing(section)
     reports, errors = _master_reports(run, section, signing, timeout, ping_timeout)
     reachable = [m for m in multimaster_control.ids(section) if m in reports]
     ret = {"masters": _masters_part(section, reports, errors, signing)}
     key_ok = _master_key_part(ret, section, reports, reachable, signing)
     ret["keys_equal"] = len({reports[m]["keys"]["digest"] for m in reachable}) <= 1
     if not ret["keys_equal"]:
-        ret["keys_differ"] = _keys_differ(planes, section, timeout)
+        ret["keys_differ"] = _keys_differ(run, section, timeout)
     ret["minions"] = _answering_matrix(section, reports)
-    roots, roots_equal = (
-        _roots_status(run, planes, section, reports, timeout) if reachable else ({}, True)
-    )
+    roots, roots_equal = _roots_status(run, section, reports, timeout) if reachable else ({}, True)
     ret.update(roots)
     job_cache, job_cache_ok = _job_cache_status(reports, reachable)
     ret.update(job_cache)
@@ -224,12 +208,12 @@ def _master_key_part(ret, section, reports, reachable, signing):
     return len(fps) == 1 and ret["signing_public_key_matches"]
 
 
-def _keys_differ(planes, section, timeout):
+def _keys_differ(run, section, timeout):
     """
     The minion ids (at most ``SHOWN``) whose key entry differs between masters, with each
     master's state of it.
     """
-    inventories = planes.inventories(section, timeout)["inventories"]
+    inventories = multimaster_keysync.inventories(run, section, timeout)["inventories"]
     differing = {}
     ids = set().union(*(inv.keys() for inv in inventories.values()))
     for minion_id in ids:
@@ -263,7 +247,7 @@ def _root_digests(report):
     }
 
 
-def _roots_status(run, planes, section, reports, timeout):
+def _roots_status(run, section, reports, timeout):
     """
     ``(part, equal)``: each root's digest per master (the roots a master serves from disk,
     paired by kind, environment and position) and, where they differ, which paths differ from
@@ -273,9 +257,7 @@ def _roots_status(run, planes, section, reports, timeout):
     reachable = [m for m in multimaster_control.ids(section) if m in reports]
     part, differing = _roots_part(reports, reachable)
     if differing:
-        part["roots_differ"] = _roots_paths_differ(
-            run, planes, section, reachable, differing, timeout
-        )
+        part["roots_differ"] = _roots_paths_differ(run, section, reachable, differing, timeout)
     git, git_equal = _git_part(reports, reachable)
     part.update(git)
     return part, not differing and git_equal
@@ -329,13 +311,13 @@ def _git_part(reports, reachable):
     return part, equal
 
 
-def _roots_paths_differ(run, planes, section, reachable, slots, timeout):
+def _roots_paths_differ(run, section, reachable, slots, timeout):
     """
     Per differing root, per master: the paths missing, changed, re-moded or extra and the
     directories of another mode (how many of each for ``pillar_roots``) compared with the first
     reachable master (manifests sealed to this master, as ``sync_roots`` reads them).
     """
-    opened, errors = _opened_manifests(run, planes, section, reachable, slots, timeout)
+    opened, errors = _opened_manifests(run, section, reachable, slots, timeout)
     reference = reachable[0]
     out = {}
     for kind, env, index in slots:
@@ -357,7 +339,7 @@ def _roots_paths_differ(run, planes, section, reachable, slots, timeout):
     return out
 
 
-def _opened_manifests(run, planes, section, reachable, slots, timeout):
+def _opened_manifests(run, section, reachable, slots, timeout):
     """
     ``(opened, errors)``: each reachable master's whole manifests of the kinds in ``slots``
     (files and directory modes), opened; or why not.
@@ -377,11 +359,13 @@ def _opened_manifests(run, planes, section, reachable, slots, timeout):
     for master, answer in answers.items():
         try:
             # No directory digests were sent: whole manifests.
-            opened[master] = planes.opened_manifest(section, master, answer, nonce)[:2]
+            opened[master] = multimaster_rootsync.opened_manifest(
+                run, section, master, answer, nonce
+            )[:2]
         except (SaltInvocationError, multimaster_seal.SealError) as exc:
             errors[master] = f"manifest of {master}: {exc}"
         except (KeyError, IndexError, TypeError):
-            errors[master] = planes.malformed_manifest(master)
+            errors[master] = multimaster_rootsync.malformed_manifest(master)
     return opened, errors
 
 

@@ -14,6 +14,7 @@ import multimaster_cluster
 import multimaster_control
 import multimaster_daemon
 import multimaster_keystore
+import multimaster_keysync
 import multimaster_reactions
 import multimaster_returns
 import multimaster_seal
@@ -187,7 +188,7 @@ def settled(runner, monkeypatch, request):
     Every master settled: the runners' wait for pending restarts is its own tests' subject.
     """
     if "restarting" not in request.fixturenames:
-        monkeypatch.setattr(multimaster_settle, "await_restarts", lambda run, found: None)
+        monkeypatch.setattr(multimaster_control, "await_restarts", lambda run, found: None)
 
 
 @pytest.fixture
@@ -249,7 +250,7 @@ def test_a_restart_that_stays_pending_is_refused_naming_master_and_command(
     runner, restarting, monkeypatch
 ):
     calls = restarting([{"cm1": SETTLED, "cm2": PENDING}] * 3)
-    monkeypatch.setattr(multimaster_settle, "SETTLE_TIMEOUT", -1)
+    monkeypatch.setattr(multimaster_control, "SETTLE_TIMEOUT", -1)
     ret = runner.sync_roots()
     assert ret["retcode"] == 1, ret
     assert "restart of m2 is still pending" in ret["comment"], ret
@@ -564,16 +565,17 @@ def test_key_event_accept_propagates_the_key_this_master_holds(runner, use, stor
 @pytest.fixture
 def propagations(runner, monkeypatch):
     """
-    The propagations ``key_event`` starts (its ``_one_id`` calls), each answered as a clean run.
+    The propagations ``key_event`` starts (its ``multimaster_keysync.one_id`` calls), each
+    answered as a clean run.
     """
     calls = []
 
-    def one_id(op, minion_id, fingerprint, test, masters, timeout, force=False, **options):
+    def one_id(run, op, minion_id, fingerprint, test, masters, timeout, force=False, **options):
         assert options.pop("settle") is False, "a reactor never waits on a restart"
         calls.append((op, minion_id, fingerprint, options))
         return {"masters": {}, "retcode": 0}
 
-    monkeypatch.setattr(runner, "_one_id", one_id)
+    monkeypatch.setattr(multimaster_keysync, "one_id", one_id)
     return calls
 
 
