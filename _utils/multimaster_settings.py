@@ -18,7 +18,7 @@ import multimaster_keys
 import multimaster_saltcompat
 import multimaster_transport
 import salt.utils.dictupdate
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 MODES = ("hot", "failover", "cluster")
 IPC_MODES = ("ipc", "tcp")
@@ -602,6 +602,32 @@ def local_master(section, minion_id, default_config_dir):
     if master is None:
         return None
     return dict(master, config_dir=master.get("config_dir") or default_config_dir)
+
+
+def control_master(pillar, minion_opts):
+    """
+    ``(master entry, section)`` of the master whose control minion has ``minion_opts``: its
+    ``config_dir`` resolved (``local_master``) and the checked ``multimaster`` section. Raises
+    ``CommandExecutionError`` naming the minion when the pillar is invalid or names no such
+    master.
+
+    pillar
+        The minion's ``multimaster`` pillar section.
+
+    minion_opts
+        The control minion's opts (its ``id`` and ``conf_file``).
+    """
+    try:
+        section = check_section(pillar)
+    except SaltInvocationError as exc:
+        raise CommandExecutionError(f"{minion_opts['id']}: {exc}") from None
+    master = local_master(section, minion_opts["id"], os.path.dirname(minion_opts["conf_file"]))
+    if master is None:
+        raise CommandExecutionError(
+            f"{minion_opts['id']} is not the control minion of any master in the pillar "
+            "multimaster:masters (target that pillar at the masters' control minions)"
+        )
+    return master, section
 
 
 def runner_section(settings):
