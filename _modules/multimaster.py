@@ -12,7 +12,6 @@ secret. The files that hold secrets are written by the formula's states, which c
 run time (``multimaster_local``).
 """
 
-import hmac
 import logging
 import os
 import socket
@@ -23,6 +22,7 @@ import salt.utils.files
 from salt.exceptions import CommandExecutionError
 
 try:
+    import multimaster_cluster
     import multimaster_daemon
     import multimaster_haproxy
     import multimaster_ids
@@ -509,36 +509,7 @@ def forget_cluster_peer(peer, rotate_secret=False, test=False):
     section = multimaster_settings.check_section(
         multimaster_saltcompat.pillar_section(__salt__, "multimaster")
     )
-    master = multimaster_settings.local_master(
-        section, __opts__["id"], os.path.dirname(__opts__["conf_file"])
-    )
-    if section.get("mode") != "cluster" or master is None:
-        raise CommandExecutionError(
-            f"{__opts__['id']}: not the control minion of a cluster master (mode "
-            f"{section.get('mode')!r}); forget_cluster_peer runs on a cluster master's control "
-            "minion"
-        )
-    listed = [multimaster_settings.cluster_address(m) for m in section["masters"]]
-    if peer in listed:
-        raise CommandExecutionError(
-            f"peer {peer!r} is still a master of multimaster:masters ({', '.join(listed)}): "
-            "take it out of pillar first"
-        )
-    mopts = multimaster_keystore.master_opts(master["config_dir"])
-    peers_dir = os.path.join(mopts["cluster_pki_dir"], "peers")
-    held = os.path.lexists(os.path.join(peers_dir, f"{peer}.pub"))
-    running = (mopts.get("cluster_secret") or "").encode()
-    wanted = ((section.get("cluster") or {}).get("secret") or "").encode()
-    if rotate_secret and not wanted:
-        raise CommandExecutionError(
-            f"{master['id']}: pillar multimaster:cluster:secret is empty for {__opts__['id']}; "
-            "expected the new cluster secret (target it at the masters' control minions)"
-        )
-    if rotate_secret and held and hmac.compare_digest(running, wanted):
-        raise CommandExecutionError(
-            f"{master['id']}: multimaster:cluster:secret in pillar is the secret this master "
-            f"runs with, which {peer} knows: put a new secret in pillar to rotate it"
-        )
+    peers_dir, held = multimaster_cluster.peer_to_forget(__opts__, section, peer, rotate_secret)
     if held and not test:
         multimaster_safefs.delete_file(peers_dir, f"{peer}.pub")
         log.info("multimaster: cluster peer key of %s deleted from %s", peer, peers_dir)

@@ -21,6 +21,7 @@ time all end with the same key, whatever order the copies arrive in.
 import base64
 import binascii
 import hashlib
+import hmac
 import logging
 import os
 import tempfile
@@ -954,3 +955,55 @@ def cluster_ready(run, timeout=120, interval=1):
             ret = {"ready": False, "comment": f"not ready after {timeout}s", "nudges": nudges}
             return multimaster_control.finish(run, ret, True)
         time.sleep(float(interval))
+
+
+def peer_to_forget(minion_opts, section, peer, rotate_secret):
+    """
+    ``(peers dir, held)`` of the removed master ``peer`` on the cluster master that the control
+    minion of ``minion_opts`` serves: what ``multimaster.forget_cluster_peer`` deletes. Refuses
+    outside mode cluster, a peer still in ``multimaster:masters``, and, with ``rotate_secret``,
+    a pillar secret that is empty or the one this master runs with while it holds the key.
+
+    minion_opts
+        The control minion's opts (its ``id`` and ``conf_file``).
+
+    section
+        The ``multimaster`` pillar section, checked.
+
+    peer
+        The removed master's cluster address.
+
+    rotate_secret
+        Whether the cluster secret must have been rotated.
+    """
+    master = multimaster_settings.local_master(
+        section, minion_opts["id"], os.path.dirname(minion_opts["conf_file"])
+    )
+    if section.get("mode") != "cluster" or master is None:
+        raise CommandExecutionError(
+            f"{minion_opts['id']}: not the control minion of a cluster master (mode "
+            f"{section.get('mode')!r}); forget_cluster_peer runs on a cluster master's control "
+            "minion"
+        )
+    listed = [multimaster_settings.cluster_address(m) for m in section["masters"]]
+    if peer in listed:
+        raise CommandExecutionError(
+            f"peer {peer!r} is still a master of multimaster:masters ({', '.join(listed)}): "
+            "take it out of pillar first"
+        )
+    mopts = multimaster_keystore.master_opts(master["config_dir"])
+    peers_dir = os.path.join(mopts["cluster_pki_dir"], "peers")
+    held = os.path.lexists(os.path.join(peers_dir, f"{peer}.pub"))
+    running = (mopts.get("cluster_secret") or "").encode()
+    wanted = ((section.get("cluster") or {}).get("secret") or "").encode()
+    if rotate_secret and not wanted:
+        raise CommandExecutionError(
+            f"{master['id']}: pillar multimaster:cluster:secret is empty for {minion_opts['id']}; "
+            "expected the new cluster secret (target it at the masters' control minions)"
+        )
+    if rotate_secret and held and hmac.compare_digest(running, wanted):
+        raise CommandExecutionError(
+            f"{master['id']}: multimaster:cluster:secret in pillar is the secret this master "
+            f"runs with, which {peer} knows: put a new secret in pillar to rotate it"
+        )
+    return peers_dir, held

@@ -26,7 +26,7 @@ from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from salt.exceptions import CommandExecutionError
+from salt.exceptions import CommandExecutionError, SaltException
 
 VERSION = 2
 # An envelope or order lives for minutes; a recipient refuses one claiming to live longer.
@@ -312,6 +312,42 @@ def sign_answer(answer, function, master, nonce, signer_key_pem, failed=False):
         "answer": answer,
         "signature": _b64(signer.sign(statement, _PSS, hashes.SHA256())),
     }
+
+
+def answer_signed(function, call, nonce, minion_opts, speaks_for, log):
+    """
+    What a control minion returns for ``function`` when a runner sent ``nonce``: the answer of
+    ``call()``, or why it failed, signed with its own key (``sign_answer``). A refusal keeps its
+    sentence; anything else is named by its type, its text going to the minion's log only.
+
+    minion_opts
+        The control minion's opts (its ``id`` and ``pki_dir``).
+
+    speaks_for
+        Returns the id of the master the minion serves, or None.
+
+    log
+        The logger of the minion's module, for the failure's traceback.
+    """
+    try:
+        answer, failed = call(), False
+    except SaltException as exc:
+        answer, failed = str(exc), True
+    except Exception as exc:  # pylint: disable=broad-except
+        log.exception("multimaster: %s failed", function)
+        answer = (
+            f"{function} failed on {minion_opts['id']}: {type(exc).__name__} (its minion log has "
+            "the details)"
+        )
+        failed = True
+    return sign_answer(
+        answer,
+        function,
+        speaks_for(),
+        nonce,
+        own_file(minion_opts, "minion.pem"),
+        failed=failed,
+    )
 
 
 def open_answer(document, function, nonce, signer_pub_pem):

@@ -18,7 +18,7 @@ import multimaster_keys
 import multimaster_saltcompat
 import multimaster_transport
 import salt.utils.dictupdate
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 MODES = ("hot", "failover", "cluster")
 IPC_MODES = ("ipc", "tcp")
@@ -200,74 +200,96 @@ def _validate_merged(settings):
         _check_mapping(settings, key)
     _validate_sse(settings)
     _validate_job_cache(settings)
-    for key in REACTORS:
-        _check_bool(settings["reactor"], key, "reactor")
-    _check_int(settings["reactor"], "first_highstate_window", "reactor", minimum=1)
+    _check_reactor(settings["reactor"])
     _check_mapping(settings["master"], "gitfs", "master")
+    _check_lookup(settings["lookup"])
+    for key in ("install_packages", "manage_services"):
+        if not isinstance(settings.get(key), bool):
+            _fail(key, settings.get(key), "true or false")
+    _check_ports(settings["ports"])
+    _check_failover(settings["failover"])
+    _check_signing(settings["signing"])
+    _validate_cluster(settings)
+    _check_minion(settings["minion"], settings["ports"])
+    _check_master_options(settings["master"])
+
+
+def _check_reactor(reactor):
+    for key in REACTORS:
+        _check_bool(reactor, key, "reactor")
+    _check_int(reactor, "first_highstate_window", "reactor", minimum=1)
+
+
+def _check_lookup(lookup):
     for key in ("master", "minion"):
-        _check_mapping(settings["lookup"], key, "lookup")
+        _check_mapping(lookup, key, "lookup")
     for part, what in PYTHON_DEPS.items():
-        method = settings["lookup"]["master"].get(f"{part}_install")
+        method = lookup["master"].get(f"{part}_install")
         if method not in PYTHON_INSTALLS:
             _fail(
                 f"lookup:master:{part}_install",
                 method,
                 "one of " + ", ".join(map(repr, PYTHON_INSTALLS)) + f" (how {what} installs)",
             )
-    config_file = settings["lookup"].get("config_file")
+    config_file = lookup.get("config_file")
     if not isinstance(config_file, str) or not _CONFIG_FILE_RE.match(config_file):
         _fail(
             "lookup:config_file",
             config_file,
             "a file name ending in '.conf' (Salt only includes master.d/*.conf, minion.d/*.conf)",
         )
-    for key in ("install_packages", "manage_services"):
-        if not isinstance(settings.get(key), bool):
-            _fail(key, settings.get(key), "true or false")
-    ports = settings["ports"]
+
+
+def _check_ports(ports):
     for key in ("publish", "ret"):
         _check_port(ports.get(key), f"ports:{key}")
     if ports["publish"] == ports["ret"]:
         _fail("ports", ports, "different publish and ret ports")
 
-    failover = settings["failover"]
+
+def _check_failover(failover):
     for key in ("failback_interval", "random_reauth_delay"):
         _check_int(failover, key, "failover")
     _check_int(failover, "alive_interval", "failover", minimum=1)
     for key in ("failback", "shuffle"):
         _check_bool(failover, key, "failover")
-    _check_bool(settings["signing"], "enabled", "signing")
-    signing = settings["signing"]
-    if signing["enabled"]:
-        try:
-            multimaster_keys.canonical(signing.get("public_key"), "signing:public_key")
-        except SaltInvocationError as exc:
-            _fail(
-                "signing:public_key",
-                signing.get("public_key"),
-                "the masters' master_sign.pub: one RSA 'PUBLIC KEY' PEM of >= 2048 bits "
-                f"when signing is enabled ({exc})",
-            )
-    _validate_cluster(settings)
 
-    minion = settings["minion"]
+
+def _check_signing(signing):
+    _check_bool(signing, "enabled", "signing")
+    if not signing["enabled"]:
+        return
+    try:
+        multimaster_keys.canonical(signing.get("public_key"), "signing:public_key")
+    except SaltInvocationError as exc:
+        _fail(
+            "signing:public_key",
+            signing.get("public_key"),
+            "the masters' master_sign.pub: one RSA 'PUBLIC KEY' PEM of >= 2048 bits "
+            f"when signing is enabled ({exc})",
+        )
+
+
+def _check_minion(minion, ports):
     _check_int(minion, "retry_dns", "minion")
     _check_int(minion, "master_tries", "minion", minimum=-1)
     if minion.get("ipc_mode") not in IPC_MODES:
         _fail("minion:ipc_mode", minion.get("ipc_mode"), "one of " + ", ".join(IPC_MODES))
-    if minion["ipc_mode"] == "tcp":
-        used = {ports["publish"], ports["ret"]}
-        for key in ("tcp_pub_port", "tcp_pull_port"):
-            _check_port(minion.get(key), f"minion:{key}")
-            if minion[key] in used:
-                _fail(
-                    f"minion:{key}",
-                    minion[key],
-                    "a port not used by the masters or the other tcp port",
-                )
-            used.add(minion[key])
+    if minion["ipc_mode"] != "tcp":
+        return
+    used = {ports["publish"], ports["ret"]}
+    for key in ("tcp_pub_port", "tcp_pull_port"):
+        _check_port(minion.get(key), f"minion:{key}")
+        if minion[key] in used:
+            _fail(
+                f"minion:{key}",
+                minion[key],
+                "a port not used by the masters or the other tcp port",
+            )
+        used.add(minion[key])
 
-    master = settings["master"]
+
+def _check_master_options(master):
     for key in ROOTS_KEYS:
         if key in master:
             _check_roots(master[key], f"master:{key}")
@@ -403,7 +425,15 @@ def _validate_cluster(settings):
     secret = cluster.get("secret")
     if not isinstance(secret, str) or (secret and len(secret) < MIN_CLUSTER_SECRET):
         _fail("cluster:secret", secret, CLUSTER_SECRET_EXPECTED)
-    haproxy = cluster["haproxy"]
+    _check_haproxy(cluster["haproxy"])
+    if settings["mode"] != "cluster":
+        return
+    _check_cluster_mode(cluster, settings["ports"])
+    for index, master in enumerate(settings["masters"]):
+        _check_cluster_master(f"masters[{index}]", master)
+
+
+def _check_haproxy(haproxy):
     for key in ("check_interval", "connect_timeout", "maxconn"):
         _check_int(haproxy, key, "cluster:haproxy", minimum=1)
     if not isinstance(haproxy.get("config_file"), str) or not os.path.isabs(haproxy["config_file"]):
@@ -415,8 +445,9 @@ def _validate_cluster(settings):
             pidfile,
             "'' (HAProxy runs as the system service) or an absolute path",
         )
-    if settings["mode"] != "cluster":
-        return
+
+
+def _check_cluster_mode(cluster, ports):
     balancer = cluster.get("balancer")
     if not isinstance(balancer, str) or not balancer or any(c.isspace() for c in balancer):
         _fail(
@@ -428,51 +459,54 @@ def _validate_cluster(settings):
         _fail("cluster:id", cluster.get("id"), "the cluster_id: letters, digits, '_', '.', '-'")
     if cluster.get("pki_dir") and not os.path.isabs(cluster["pki_dir"]):
         _fail("cluster:pki_dir", cluster["pki_dir"], "'' or an absolute path")
-    ports = settings["ports"]
     if cluster["pool_port"] in (ports["publish"], ports["ret"]):
         _fail(
             "cluster:pool_port", cluster["pool_port"], "a port other than the publish and ret ports"
         )
-    for index, master in enumerate(settings["masters"]):
-        where = f"masters[{index}]"
-        address = cluster_address(master)
-        if address in WILDCARDS:
-            _fail(
-                f"{where}:interface",
-                address,
-                "the master's own address in mode 'cluster' (its Raft node id and the address "
-                "its peers dial): not a wildcard",
-            )
-        if master["id"] != address:
-            _fail(
-                f"{where}:id",
-                master["id"],
-                f"the master's own address {address!r} in mode 'cluster': Salt names a cluster "
-                "peer by its id and dials it by the same string, so id, interface and the "
-                "peers' cluster_peers must agree",
-            )
-        peers = master.get("cluster_peers")
-        if peers is not None and (
-            not isinstance(peers, list)
-            or not peers
-            or not all(isinstance(p, str) and p and p != address for p in peers)
-        ):
-            _fail(
-                f"{where}:cluster_peers",
-                peers,
-                "a non-empty list of the other masters' addresses (a joining master may name one)",
-            )
-        pinned = master.get("cluster_pub_fingerprint")
-        if pinned is not None and (not isinstance(pinned, str) or not _SHA256_HEX_RE.match(pinned)):
-            _fail(
-                f"{where}:cluster_pub_fingerprint",
-                pinned,
-                "the SHA-256 hex digest (64 hex digits) of the cluster's cluster.pub PEM",
-            )
-        if master.get("cluster_pki_dir") is not None and not (
-            isinstance(master["cluster_pki_dir"], str) and os.path.isabs(master["cluster_pki_dir"])
-        ):
-            _fail(f"{where}:cluster_pki_dir", master["cluster_pki_dir"], "an absolute path")
+
+
+def _check_cluster_master(where, master):
+    address = cluster_address(master)
+    if address in WILDCARDS:
+        _fail(
+            f"{where}:interface",
+            address,
+            "the master's own address in mode 'cluster' (its Raft node id and the address "
+            "its peers dial): not a wildcard",
+        )
+    if master["id"] != address:
+        _fail(
+            f"{where}:id",
+            master["id"],
+            f"the master's own address {address!r} in mode 'cluster': Salt names a cluster "
+            "peer by its id and dials it by the same string, so id, interface and the "
+            "peers' cluster_peers must agree",
+        )
+    _check_cluster_peers(where, master.get("cluster_peers"), address)
+    pinned = master.get("cluster_pub_fingerprint")
+    if pinned is not None and (not isinstance(pinned, str) or not _SHA256_HEX_RE.match(pinned)):
+        _fail(
+            f"{where}:cluster_pub_fingerprint",
+            pinned,
+            "the SHA-256 hex digest (64 hex digits) of the cluster's cluster.pub PEM",
+        )
+    if master.get("cluster_pki_dir") is not None and not (
+        isinstance(master["cluster_pki_dir"], str) and os.path.isabs(master["cluster_pki_dir"])
+    ):
+        _fail(f"{where}:cluster_pki_dir", master["cluster_pki_dir"], "an absolute path")
+
+
+def _check_cluster_peers(where, peers, address):
+    if peers is not None and (
+        not isinstance(peers, list)
+        or not peers
+        or not all(isinstance(p, str) and p and p != address for p in peers)
+    ):
+        _fail(
+            f"{where}:cluster_peers",
+            peers,
+            "a non-empty list of the other masters' addresses (a joining master may name one)",
+        )
 
 
 def build(pillar, defaults):
@@ -568,6 +602,32 @@ def local_master(section, minion_id, default_config_dir):
     if master is None:
         return None
     return dict(master, config_dir=master.get("config_dir") or default_config_dir)
+
+
+def control_master(pillar, minion_opts):
+    """
+    ``(master entry, section)`` of the master whose control minion has ``minion_opts``: its
+    ``config_dir`` resolved (``local_master``) and the checked ``multimaster`` section. Raises
+    ``CommandExecutionError`` naming the minion when the pillar is invalid or names no such
+    master.
+
+    pillar
+        The minion's ``multimaster`` pillar section.
+
+    minion_opts
+        The control minion's opts (its ``id`` and ``conf_file``).
+    """
+    try:
+        section = check_section(pillar)
+    except SaltInvocationError as exc:
+        raise CommandExecutionError(f"{minion_opts['id']}: {exc}") from None
+    master = local_master(section, minion_opts["id"], os.path.dirname(minion_opts["conf_file"]))
+    if master is None:
+        raise CommandExecutionError(
+            f"{minion_opts['id']} is not the control minion of any master in the pillar "
+            "multimaster:masters (target that pillar at the masters' control minions)"
+        )
+    return master, section
 
 
 def runner_section(settings):

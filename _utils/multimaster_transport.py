@@ -447,28 +447,15 @@ def serve(opts, requester, ticket, offset, jid=None, raw=False):
         may be ``None`` where Salt's request carries no id (the ticket is the recipient's
         secret then).
     """
-    if not isinstance(ticket, str) or not _TICKET_RE.match(ticket):
-        return {"error": "malformed ticket"}
-    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-        return {"error": f"offset {offset!r} is not a non-negative integer"}
-    if not ids_signed(opts):
-        return {"error": UNSIGNED_IDS.format(opts.get("minimum_auth_version"))}
+    error = _request_error(opts, ticket, offset)
+    if error:
+        return error
     data_path, meta_path = _paths(opts, ticket)
     with _locked(opts):
         meta = _read_meta(meta_path)
-        if meta is None or meta.get("spent"):
-            return {"error": "unknown or used ticket: refusing a replay"}
-        if raw and not meta.get("fileserver"):
-            return {"error": "ticket is not served through the file server"}
-        if raw and meta["fileserver"] == _BY_ID and requester is None:
-            return {"error": NEEDS_ID}
-        if meta["recipient"] != requester and not (raw and requester is None):
-            return {"error": f"ticket was not issued to {requester!r}"}
-        if meta["expires"] <= time.time():
-            _remove(data_path, meta_path)
-            return {"error": "ticket expired"}
-        if offset != meta["next"]:
-            return {"error": f"offset {offset} is not the next one ({meta['next']})"}
+        error = _ticket_error(meta, requester, offset, raw, data_path, meta_path)
+        if error:
+            return error
         forget_jobs(opts, meta.get("jids", []))
         if offset == meta["size"]:
             _remove(data_path, meta_path)
@@ -479,25 +466,76 @@ def serve(opts, requester, ticket, offset, jid=None, raw=False):
             # Never the path: a pillar file's name is not for the job cache.
             reason = exc.strerror or "a file is no longer a regular file below its root"
             return {"error": f"cannot read the staged data: {reason}"}
-        meta["next"] = offset + len(chunk)
-        meta["jids"] = [jid] if jid else []
-        meta["expires"] = max(meta["expires"], int(time.time()) + int(meta.get("ttl", 0)))
-        key, done = meta.get("key"), meta["next"] >= meta["size"]
-        if done:
-            # Used up: only what settle needs stays (this pull's job, to forget).
-            _remove(data_path)
-            meta = {k: meta[k] for k in ("recipient", "expires", "size", "jids")} | {"spent": True}
-        tmp = meta_path + ".tmp"
-        _remove(tmp)
-        _write_private(tmp, json.dumps(meta).encode())
-        os.replace(tmp, meta_path)
+        key = meta.get("key")
+        done = _advance(meta, data_path, meta_path, offset + len(chunk), jid)
+    return _chunk_answer(chunk, key, ticket, offset, meta["size"], raw, done)
+
+
+def _request_error(opts, ticket, offset):
+    """
+    Why a pull of ``ticket`` at ``offset`` is refused before its ticket is read, else None.
+    """
+    if not isinstance(ticket, str) or not _TICKET_RE.match(ticket):
+        return {"error": "malformed ticket"}
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        return {"error": f"offset {offset!r} is not a non-negative integer"}
+    if not ids_signed(opts):
+        return {"error": UNSIGNED_IDS.format(opts.get("minimum_auth_version"))}
+    return None
+
+
+def _ticket_error(meta, requester, offset, raw, data_path, meta_path):
+    """
+    Why the staged ticket ``meta`` does not serve ``requester`` the chunk at ``offset``, else
+    None; an expired ticket is removed.
+    """
+    if meta is None or meta.get("spent"):
+        return {"error": "unknown or used ticket: refusing a replay"}
+    if raw and not meta.get("fileserver"):
+        return {"error": "ticket is not served through the file server"}
+    if raw and meta["fileserver"] == _BY_ID and requester is None:
+        return {"error": NEEDS_ID}
+    if meta["recipient"] != requester and not (raw and requester is None):
+        return {"error": f"ticket was not issued to {requester!r}"}
+    if meta["expires"] <= time.time():
+        _remove(data_path, meta_path)
+        return {"error": "ticket expired"}
+    if offset != meta["next"]:
+        return {"error": f"offset {offset} is not the next one ({meta['next']})"}
+    return None
+
+
+def _advance(meta, data_path, meta_path, next_offset, jid):
+    """
+    Store in the ticket's ``meta`` where the next chunk starts and this pull's job; True when
+    the chunk served was the last one, which uses the ticket up.
+    """
+    meta["next"] = next_offset
+    meta["jids"] = [jid] if jid else []
+    meta["expires"] = max(meta["expires"], int(time.time()) + int(meta.get("ttl", 0)))
+    done = meta["next"] >= meta["size"]
+    if done:
+        # Used up: only what settle needs stays (this pull's job, to forget).
+        _remove(data_path)
+        meta = {k: meta[k] for k in ("recipient", "expires", "size", "jids")} | {"spent": True}
+    tmp = meta_path + ".tmp"
+    _remove(tmp)
+    _write_private(tmp, json.dumps(meta).encode())
+    os.replace(tmp, meta_path)
+    return done
+
+
+def _chunk_answer(chunk, key, ticket, offset, size, raw, done):
+    """
+    The answer carrying ``chunk``, encrypted when the transfer has a ``key``.
+    """
     if key:
         chunk = AESGCM(bytes.fromhex(key)).encrypt(_nonce(offset), chunk, ticket.encode())
     if raw:
-        answer = {"bytes": chunk, "offset": offset, "size": meta["size"]}
+        answer = {"bytes": chunk, "offset": offset, "size": size}
     else:
         # Base64: Salt's runner return path turns bytes that happen to be UTF-8 into str.
-        answer = {"data": base64.b64encode(chunk).decode(), "offset": offset, "size": meta["size"]}
+        answer = {"data": base64.b64encode(chunk).decode(), "offset": offset, "size": size}
     return {**answer, "done": True} if done else answer
 
 
