@@ -52,7 +52,9 @@ class Run:
         if self.jid_event is not None:
             try:
                 self.jid_event.fire_event({"message": message}, "progress")
-            except AttributeError:
+            except (AttributeError, ReferenceError):
+                # The reactor's runner threads share one module: the event injected for
+                # another job may be gone (a weak reference). Progress is only a courtesy.
                 pass
 
 
