@@ -789,17 +789,17 @@ def _share_one(run, section, master, answer, keys, signer, timeout):
         order = peer_keys_order(missing, entry["minion_id"], signer, bound)
     except ValueError as exc:
         return dict(report, result=False, error=str(exc))
-    answers, errors = multimaster_control.call(
+    done, error = multimaster_control.call_one(
         run,
         section,
-        [master],
+        master,
         "install_cluster_peer_keys",
         {"keys": missing, "order": order},
         timeout,
     )
-    if master in errors:
-        return dict(report, result=False, error=errors[master])
-    return peer_keys_result(report, answers[master])
+    if error is not None:
+        return dict(report, result=False, error=error)
+    return peer_keys_result(report, done)
 
 
 def share_peer_keys(run, masters=None, test=False, timeout=60):
@@ -855,12 +855,12 @@ def _share_aes_one(run, section, master, answer, key, own, test, timeout):
         )
     except ValueError as exc:
         return {"result": False, "error": str(exc)}
-    answers, errors = multimaster_control.call(
-        run, section, [master], "install_cluster_aes", {"envelope": envelope}, timeout
+    done, error = multimaster_control.call_one(
+        run, section, master, "install_cluster_aes", {"envelope": envelope}, timeout
     )
-    if master in errors:
-        return {"result": False, "error": errors[master]}
-    return aes_result(answers[master])
+    if error is not None:
+        return {"result": False, "error": error}
+    return aes_result(done)
 
 
 def share_cluster_aes(run, masters=None, test=False, timeout=60):

@@ -205,6 +205,15 @@ def call(run, found, masters, fun, kwarg, timeout, check=None):
     return answers, errors
 
 
+def call_one(run, found, master, fun, kwarg, timeout, check=None):
+    """
+    ``call`` for one master: ``(answer, None)``, or ``(None, error)`` when its control minion's
+    answer was refused or missing.
+    """
+    answers, errors = call(run, found, [master], fun, kwarg, timeout, check)
+    return answers.get(master), errors.get(master)
+
+
 def _answer(run, ret, fun, master_id, minion_id, nonce, check):
     """
     The answer of ``minion_id`` (the control minion of ``master_id``) in its return ``ret``,

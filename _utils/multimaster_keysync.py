@@ -178,17 +178,11 @@ def _apply_one(run, section, master, actions, binding, timeout):
     except ValueError as exc:
         return {"result": False, "error": str(exc)}
     transfer = multimaster_control.staged(run, section, master, instruction)
-    answers, errors = multimaster_control.call(
-        run,
-        section,
-        [master],
-        "apply_key_actions",
-        {"transfer": transfer, "order": order},
-        timeout,
+    done, error = multimaster_control.call_one(
+        run, section, master, "apply_key_actions", {"transfer": transfer, "order": order}, timeout
     )
-    if master in errors:
-        return {"result": False, "error": errors[master]}
-    done = answers[master]
+    if error is not None:
+        return {"result": False, "error": error}
     return {
         "result": not done.get("skipped_count"),
         "changes": done.get("changes"),

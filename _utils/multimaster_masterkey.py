@@ -229,17 +229,16 @@ def _deliver(run, section, master, plan, signing, timeout):
     )
     del private
     transfer = multimaster_control.staged(run, section, master, envelope)
-    answers, errors = multimaster_control.call(
+    done, error = multimaster_control.call_one(
         run,
         section,
-        [master],
+        master,
         "install_master_key",
         {"transfer": transfer, "signing": signing},
         timeout,
     )
-    if master in errors:
-        return {"result": False, "error": errors[master]}
-    done = answers[master]
+    if error is not None:
+        return {"result": False, "error": error}
     return {
         "result": bool(done.get("served")),
         "changed": done.get("changed"),

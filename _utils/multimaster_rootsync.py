@@ -148,12 +148,11 @@ def _applied(run, found, master, plan, report, timeout):
     """
     ``master``'s result of applying the staged ``plan`` (whose changes ``report`` lists).
     """
-    done, errors = multimaster_control.call(
-        run, found, [master], "apply_roots", {"plan": plan}, timeout
+    applied, error = multimaster_control.call_one(
+        run, found, master, "apply_roots", {"plan": plan}, timeout
     )
-    if master in errors:
-        return {"result": False, "error": errors[master], "planned": report}
-    applied = done[master]
+    if error is not None:
+        return {"result": False, "error": error, "planned": report}
     failed = applied.get("failed") or []
     run.progress(f"{master}: {applied.get('bytes')} bytes moved, {len(failed)} failed")
     return {
