@@ -269,7 +269,7 @@ def test_a_master_host_down_is_reported_and_the_rerun_converges(cluster, trees, 
     control3.terminate()
     try:
         with keytools.EventCapture(event_listener) as capture:
-            ret = cluster.run("sync_roots", "timeout=30")
+            ret = cluster.run("sync_roots", "timeout=15")
         assert ret.returncode == 1, ret
         assert ret.data["masters"][m3.id]["result"] is False, ret.data
         assert ret.data["masters"][m2.id]["result"] is True, ret.data
