@@ -25,7 +25,7 @@ COMPAT_TESTS := tests/unit/utils/test_multimaster_saltcompat.py \
 	tests/unit/modules/test_multimaster_peer_answers.py tests/integration/keys \
 	tests/integration/test_master_config.py tests/integration/test_local_apply.py
 
-.PHONY: venv demo down test test-compat lint bench reference
+.PHONY: venv demo down test test-compat lint bench bench-tools reference
 
 venv: $(VENV)/.installed
 
@@ -67,7 +67,17 @@ lint: venv
 reference: venv
 	$(PY) scripts/gen_reference.py
 
-bench: venv
+# The roots benchmark compares with rsync: installed here when missing (Debian, as root or
+# through sudo -n), as .ci/run installs the test's system packages.
+bench-tools:
+	@command -v rsync >/dev/null || { \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
+		$$SUDO apt-get install -y -q --no-install-recommends rsync >/dev/null \
+		|| { $$SUDO apt-get update -q >/dev/null \
+			&& $$SUDO apt-get install -y -q --no-install-recommends rsync >/dev/null; }; }
+	@command -v rsync >/dev/null
+
+bench: venv bench-tools
 	$(PY) bench/bench_sync_keys.py
 	$(PY) bench/bench_sync_roots.py
 	$(PY) bench/bench_reactor.py
