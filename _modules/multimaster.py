@@ -22,7 +22,7 @@ import salt.utils.files
 from salt.exceptions import CommandExecutionError
 
 try:
-    import multimaster_cluster
+    import multimaster_clustersync
     import multimaster_daemon
     import multimaster_haproxy
     import multimaster_ids
@@ -509,7 +509,7 @@ def forget_cluster_peer(peer, rotate_secret=False, test=False):
     section = multimaster_settings.check_section(
         multimaster_saltcompat.pillar_section(__salt__, "multimaster")
     )
-    peers_dir, held = multimaster_cluster.peer_to_forget(__opts__, section, peer, rotate_secret)
+    peers_dir, held = multimaster_clustersync.peer_to_forget(__opts__, section, peer, rotate_secret)
     if held and not test:
         multimaster_safefs.delete_file(peers_dir, f"{peer}.pub")
         log.info("multimaster: cluster peer key of %s deleted from %s", peer, peers_dir)

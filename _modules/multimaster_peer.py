@@ -2,7 +2,7 @@
 The master-host side of the ``multimaster`` runners: key inventory, key actions, master key
 install, served-key checks and reports, run by a master's control minion. Each function is a
 few lines over its plane's library in ``_utils`` (``multimaster_keystore``,
-``multimaster_cluster``, ``multimaster_masterkey``, ``multimaster_status``,
+``multimaster_clustersync``, ``multimaster_masterkey``, ``multimaster_status``,
 ``multimaster_roots``), which owns both ends of that plane's wire contract.
 
 Grant this module to no publisher ACL: only the ``multimaster`` runners call it, and it trusts
@@ -19,7 +19,7 @@ import logging
 from salt.exceptions import CommandExecutionError
 
 try:
-    import multimaster_cluster
+    import multimaster_clustersync
     import multimaster_keystore
     import multimaster_masterkey
     import multimaster_roots
@@ -154,7 +154,7 @@ def apply_key_actions(transfer, order):
 def _cluster_local():
     """``(master, section, mopts, peers dir)`` of this host's cluster master, else refuses."""
     master, section = _local()
-    return (master, section, *multimaster_cluster.peer_member(master, section))
+    return (master, section, *multimaster_clustersync.peer_member(master, section))
 
 
 @_signed_answer
@@ -170,7 +170,7 @@ def cluster_peer_keys():
         salt-run multimaster.share_peer_keys   # the runner calls this
     """
     master, _, _, peers_dir = _cluster_local()
-    return multimaster_cluster.peer_keys_held(__opts__, master, peers_dir)
+    return multimaster_clustersync.peer_keys_held(__opts__, master, peers_dir)
 
 
 @_signed_answer
@@ -193,7 +193,7 @@ def install_cluster_peer_keys(keys, order):
         salt-run multimaster.share_peer_keys   # the runner calls this; not meant for the CLI
     """
     master, section, _, peers_dir = _cluster_local()
-    return multimaster_cluster.install_ordered_peer_keys(
+    return multimaster_clustersync.install_ordered_peer_keys(
         __opts__, master, section, peers_dir, keys, order
     )
 
@@ -211,7 +211,7 @@ def cluster_aes_info():
         salt-run multimaster.share_cluster_aes   # the runner calls this
     """
     master, _, mopts, _ = _cluster_local()
-    return multimaster_cluster.aes_held(__opts__, master, mopts)
+    return multimaster_clustersync.aes_held(__opts__, master, mopts)
 
 
 @_signed_answer
@@ -230,7 +230,7 @@ def install_cluster_aes(envelope):
         salt-run multimaster.share_cluster_aes   # the runner calls this; not meant for the CLI
     """
     master, _, mopts, _ = _cluster_local()
-    return multimaster_cluster.install_sealed_aes(__opts__, master, mopts, envelope)
+    return multimaster_clustersync.install_sealed_aes(__opts__, master, mopts, envelope)
 
 
 @_signed_answer

@@ -18,7 +18,7 @@ nothing) and returns ``retcode: 1`` on any failure.
 """
 
 try:
-    import multimaster_cluster
+    import multimaster_clustersync
     import multimaster_control
     import multimaster_keysync
     import multimaster_masterkey
@@ -419,7 +419,9 @@ def share_peer_keys(masters=None, test=False, timeout=60):
         salt-run multimaster.share_peer_keys
         salt-run multimaster.share_peer_keys masters=10.0.3.64 test=True
     """
-    return multimaster_cluster.share_peer_keys(_run(), masters=masters, test=test, timeout=timeout)
+    return multimaster_clustersync.share_peer_keys(
+        _run(), masters=masters, test=test, timeout=timeout
+    )
 
 
 def share_cluster_aes(masters=None, test=False, timeout=60):
@@ -450,7 +452,7 @@ def share_cluster_aes(masters=None, test=False, timeout=60):
         salt-run multimaster.share_cluster_aes
         salt-run multimaster.share_cluster_aes test=True
     """
-    return multimaster_cluster.share_cluster_aes(
+    return multimaster_clustersync.share_cluster_aes(
         _run(), masters=masters, test=test, timeout=timeout
     )
 
@@ -469,7 +471,7 @@ def cluster_aes_rotated(timeout=60):
 
         salt-run multimaster.cluster_aes_rotated
     """
-    return multimaster_cluster.cluster_aes_rotated(_run(), timeout=timeout)
+    return multimaster_clustersync.cluster_aes_rotated(_run(), timeout=timeout)
 
 
 def cluster_ready(timeout=120, interval=1):
@@ -494,7 +496,7 @@ def cluster_ready(timeout=120, interval=1):
 
         salt-run multimaster.cluster_ready
     """
-    return multimaster_cluster.cluster_ready(_run(), timeout=timeout, interval=interval)
+    return multimaster_clustersync.cluster_ready(_run(), timeout=timeout, interval=interval)
 
 
 def status(masters=None, timeout=30, ping_timeout=5, test=False):

@@ -6,7 +6,7 @@ accepted minion answering (``wait_minions``).
 
 import time
 
-import multimaster_cluster
+import multimaster_clustersync
 import multimaster_control
 import multimaster_daemon
 import salt.client
@@ -19,7 +19,7 @@ from salt.exceptions import SaltInvocationError
 def wait_masters(run, timeout=180, interval=1, skip=None):
     """
     The runner's ``wait_masters``: poll until every master but ``skip`` is settled; in mode
-    cluster propose the no-op Raft entry (``multimaster_cluster.nudge_raft``)
+    cluster propose the no-op Raft entry (``multimaster_clustersync.nudge_raft``)
     every ``NUDGE_INTERVAL`` seconds meanwhile. Returns the report.
     """
     try:
@@ -29,7 +29,7 @@ def wait_masters(run, timeout=180, interval=1, skip=None):
         return multimaster_control.refused(run, exc)
     start = time.monotonic()
     waiting, last = [m for m in multimaster_control.ids(found) if m not in skipped], {}
-    next_nudge = multimaster_cluster.NUDGE_INTERVAL
+    next_nudge = multimaster_clustersync.NUDGE_INTERVAL
     while True:
         answers, errors = multimaster_control.poll_settled(run, found, waiting)
         waiting = [m for m in waiting if not (answers.get(m) or {}).get("settled")]
@@ -42,10 +42,14 @@ def wait_masters(run, timeout=180, interval=1, skip=None):
             ret = {"comment": f"not settled after {timeout}s", "masters": last, "waited": waited}
             return multimaster_control.finish(run, ret, True)
         cluster = found["mode"] == "cluster"
-        if cluster and waited >= next_nudge and multimaster_cluster.started_master(run) is not None:
+        if (
+            cluster
+            and waited >= next_nudge
+            and multimaster_clustersync.started_master(run) is not None
+        ):
             # A restarted master may have won the election: see cluster_ready.
-            multimaster_cluster.nudge_raft(run)
-            next_nudge = waited + multimaster_cluster.NUDGE_INTERVAL
+            multimaster_clustersync.nudge_raft(run)
+            next_nudge = waited + multimaster_clustersync.NUDGE_INTERVAL
         time.sleep(float(interval))
 
 

@@ -111,9 +111,7 @@ def control(peer, mopts, tmp_path, monkeypatch):
     monkeypatch.setattr(peer, "__context__", {}, raising=False)
     monkeypatch.setattr(peer.multimaster_keystore, "master_opts", lambda config_dir: mopts)
     reloads = []
-    monkeypatch.setattr(
-        peer.multimaster_cluster, "reload", lambda m, sender: reloads.append(sender) or True
-    )
+    monkeypatch.setattr(mc, "reload", lambda m, sender: reloads.append(sender) or True)
     return reloads
 
 

@@ -10,7 +10,7 @@ test.
 import contextlib
 import time
 
-import multimaster_cluster
+import multimaster_clustersync
 import multimaster_control
 import multimaster_daemon
 import multimaster_keystore
@@ -1034,7 +1034,7 @@ def health(runner, monkeypatch, tmp_path):
     monkeypatch.setitem(runner.__opts__, "sock_dir", str(tmp_path))
     monkeypatch.setitem(runner.__opts__, "pidfile", str(tmp_path / "salt-master.pid"))
     clock = FakeClock()
-    monkeypatch.setattr(multimaster_cluster, "time", clock)
+    monkeypatch.setattr(multimaster_clustersync, "time", clock)
     monkeypatch.setattr(multimaster_settle, "time", clock)
     (tmp_path / "health").mkdir()
     state = {"since": 0.0, "takes": True, "on_fire": None, "fired": []}
