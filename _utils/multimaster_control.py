@@ -13,6 +13,7 @@ import time
 
 import multimaster_keys
 import multimaster_keystore
+import multimaster_masterkeyfiles
 import multimaster_returns
 import multimaster_seal
 import multimaster_settings
@@ -330,7 +331,7 @@ def signer_key(run):
         path = os.path.join(run.opts["cluster_pki_dir"], "cluster.pem")
         with salt.utils.files.fopen(path, "r") as handle:
             return handle.read()
-    return multimaster_keystore.read_master_key(run.opts, private=True)
+    return multimaster_masterkeyfiles.read_master_key(run.opts, private=True)
 
 
 # --- waiting out restarts --------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """
-A master's key store as seen from its host (the control minion): read the inventory, apply key
-actions crash-safely under a lock, read and install master keys, request AES rotation.
+A master's minion key store as seen from its host (the control minion): load the master's
+options, read the inventory, apply key actions crash-safely under a lock, record which ids the
+store held, request AES rotation, and answer the key plane's peer calls (inventory, ordered key
+actions). The master's own key pair is in ``multimaster_masterkeyfiles``.
 
 On 3008, keys go through ``salt.cache.Cache(opts, driver=opts["keys.cache_driver"])`` like Salt's
 own ``salt-key``; 3006/3007 keep the same ``pki_dir`` files with no cache in front
@@ -12,10 +14,11 @@ a private temp dir (``.multimaster-tmp``), made durable, renamed into place, and
 old states removed; a crash leaves the id in two dirs, where Salt's priority (rejected > pending >
 accepted) keeps the safer one, and ``repair`` finishes the job on the next run.
 
-Every write, repair and master key install holds the store's lock (``locked``): two runs (two
-operators, reactors on several masters) cannot delete each other's staged files or undo each
-other's compare-and-set. Salt's own ``salt-key`` takes no lock, so an accept also re-checks at
-write time that no rejection or denial of the key landed after the plan.
+Every write and repair holds the store's lock (``locked``), and so does a master key install
+(``multimaster_masterkeyfiles``): two runs (two operators, reactors on several masters) cannot
+delete each other's staged files or undo each other's compare-and-set. Salt's own ``salt-key``
+takes no lock, so an accept also re-checks at write time that no rejection or denial of the key
+landed after the plan.
 
 Reads never follow a symlinked state dir or key file and never return what is not one public
 key PEM: a state dir pointing at ``/etc`` is reported (``store_problems``), not read.
@@ -33,7 +36,6 @@ import stat
 import tempfile
 import time
 
-import cryptography.exceptions
 import multimaster_daemon
 import multimaster_ids
 import multimaster_keys
@@ -124,17 +126,6 @@ def _localfs(mopts):
 
 def _pki(mopts):
     return mopts["cluster_pki_dir"] if mopts.get("cluster_id") else mopts["pki_dir"]
-
-
-def master_key_name(mopts):
-    """
-    The base name the master stores its keypair under (``<id without _master>`` on 3008,
-    ``master`` before).
-
-    mopts
-        The master's opts, as Salt loads them from its config dir (``master_opts``).
-    """
-    return multimaster_saltcompat.master_key_base(mopts)
 
 
 # --- lock ------------------------------------------------------------------------------------
@@ -514,11 +505,11 @@ def _is_held_entry(entry):
 def _write_held(mopts, record):
     path = held_path(mopts)
     text = json.dumps(record, sort_keys=True)
-    tmp = _stage(os.path.dirname(path), text, _uid(mopts), prefix=HELD_FILE + ".")
+    tmp = stage(os.path.dirname(path), text, master_uid(mopts), prefix=HELD_FILE + ".")
     try:
         os.replace(tmp, path)
     except BaseException:
-        _discard([tmp])
+        discard([tmp])
         raise
 
 
@@ -529,7 +520,7 @@ def _master_owned_dir(mopts, path):
     runs as another user, and that master keeps its own files there too).
     """
     os.makedirs(path, mode=0o700, exist_ok=True)
-    uid = _uid(mopts)
+    uid = master_uid(mopts)
     if uid is not None and os.geteuid() == 0 and os.stat(path).st_uid != uid:
         os.chown(path, uid, -1)
     return path
@@ -539,7 +530,8 @@ def _master_owned_dir(mopts, path):
 
 
 def _tmp_dirs(mopts):
-    # The store's, and pki_dir's where master keys are staged (a cluster store lives elsewhere).
+    # The store's, and pki_dir's where multimaster_masterkeyfiles stages master keys (a cluster
+    # store lives elsewhere).
     return sorted({os.path.join(_pki(mopts), TMP_DIR), os.path.join(mopts["pki_dir"], TMP_DIR)})
 
 
@@ -611,7 +603,10 @@ def _is_regular(path):
         return False
 
 
-def _fsync_dir(path):
+def fsync_dir(path):
+    """
+    Make the entries of directory ``path`` (a rename or unlink just done in it) durable.
+    """
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -619,9 +614,10 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def _private_dir(path):
+def private_dir(path):
     """
-    ``path`` as a real directory only its owner can enter (it also stages private keys).
+    ``path`` as a real directory only its owner can enter (it also stages private keys:
+    ``multimaster_masterkeyfiles``).
     """
     os.makedirs(path, mode=0o700, exist_ok=True)
     st = os.lstat(path)
@@ -632,12 +628,15 @@ def _private_dir(path):
     return path
 
 
-def _uid(mopts):
+def master_uid(mopts):
+    """
+    The uid of the user the master runs as (its ``user`` option), or None when it sets none.
+    """
     user = mopts.get("user")
     return salt.utils.user.get_uid(user) if user else None
 
 
-def _stage(tmp_dir, text, uid, mode=0o600, sync=False, prefix="tmp"):
+def stage(tmp_dir, text, uid, mode=0o600, sync=False, prefix="tmp"):
     """
     Write ``text`` to a new file in ``tmp_dir`` (same filesystem as its target: the rename is
     atomic) named ``<prefix>XXXXXXXX``, with ``mode``, owned by ``uid``; returns its path.
@@ -658,7 +657,10 @@ def _stage(tmp_dir, text, uid, mode=0o600, sync=False, prefix="tmp"):
     return tmp
 
 
-def _discard(paths):
+def discard(paths):
+    """
+    Remove whichever of ``paths`` exist (None entries skipped): staged files a run gives up.
+    """
     for path in paths:
         if path and os.path.lexists(path):
             os.unlink(path)
@@ -742,15 +744,15 @@ def _write(mopts, changes):
         return _write_cache(mopts, changes)
     _check_store(mopts)
     pki = _pki(mopts)
-    tmp_dir, uid = _private_dir(os.path.join(pki, TMP_DIR)), _uid(mopts)
+    tmp_dir, uid = private_dir(os.path.join(pki, TMP_DIR)), master_uid(mopts)
     staged = []
     try:
         for _, state, pem in changes:
-            staged.append(_stage(tmp_dir, pem, uid) if state else None)
+            staged.append(stage(tmp_dir, pem, uid) if state else None)
         os.sync()
         return _move_all(pki, changes, staged)
     finally:
-        _discard(staged)
+        discard(staged)
 
 
 def _move_all(pki, changes, staged):
@@ -771,7 +773,7 @@ def _move_all(pki, changes, staged):
                 os.unlink(path)
                 touched.add(other)
     for name in touched:
-        _fsync_dir(os.path.join(pki, name))
+        fsync_dir(os.path.join(pki, name))
     return skipped
 
 
@@ -908,166 +910,6 @@ def rotate_aes(mopts):
         The master's opts, as Salt loads them from its config dir (``master_opts``).
     """
     multimaster_saltcompat.rotate_aes(mopts)
-
-
-# --- master keys -----------------------------------------------------------------------------
-
-
-def master_key_files(mopts, signing=False):
-    """
-    The master_keys cache names of the pair ``sync_master_key`` manages on this master.
-
-    mopts
-        The master's opts, as Salt loads them from its config dir (``master_opts``).
-
-    signing
-        True for the signing pair (failover with signing), False for the master key pair.
-    """
-    if signing:
-        base = mopts["master_sign_key_name"]
-    else:
-        base = master_key_name(mopts)
-    return f"{base}.pem", f"{base}.pub"
-
-
-def read_master_key(mopts, signing=False, private=False):
-    """
-    The master's public (or private) key PEM as stored, or None.
-
-    mopts
-        The master's opts, as Salt loads them from its config dir (``master_opts``).
-
-    signing
-        True for the signing pair (failover with signing), False for the master key pair.
-    """
-    pem_name, pub_name = master_key_files(mopts, signing)
-    name = pem_name if private else pub_name
-    if multimaster_saltcompat.key_cache_driver(mopts) is None:
-        return _read_text(os.path.join(mopts["pki_dir"], name))
-    cache = _cache(mopts)
-    value = cache.fetch("master_keys", name)
-    if value is None and not signing:
-        # A master that has never started under 3008 still has plain master.pem/.pub.
-        value = cache.fetch("master_keys", "master.pem" if private else "master.pub")
-    return value
-
-
-def _pair_problem(pem, pub, pem_name, pub_name):
-    """
-    Why ``pub`` is not the public half of private key ``pem``, or None (never shows the key).
-    """
-    if pem is None:
-        return f"{pem_name}: no private key stored"
-    try:
-        private_fp = multimaster_keys.private_key_fingerprint(pem)
-    except (ValueError, TypeError, cryptography.exceptions.UnsupportedAlgorithm):
-        return f"{pem_name}: not a readable unencrypted private key"
-    if pub is None:
-        return (
-            f"{pub_name} is missing (the master serves the public half of {pem_name}): an "
-            "interrupted install; re-run sync_master_key"
-        )
-    fp = multimaster_keys.fingerprint(pub)
-    if fp != private_fp:
-        return f"{pub_name} ({fp or 'not a public key'}) does not match {pem_name} ({private_fp})"
-    return None
-
-
-def master_key_pair_problems(mopts, signing=False):
-    """
-    What is wrong with this master's stored key pair (or signing pair), as sentences: no
-    private key, or a ``.pub`` that is missing or not the public half of the ``.pem``. ``[]``
-    when the pair is consistent.
-
-    mopts
-        The master's opts, as Salt loads them from its config dir (``master_opts``).
-    """
-    pem_name, pub_name = master_key_files(mopts, signing)
-    problem = _pair_problem(
-        read_master_key(mopts, signing, private=True),
-        read_master_key(mopts, signing),
-        pem_name,
-        pub_name,
-    )
-    return [problem] if problem else []
-
-
-def install_master_key(mopts, pem, pub, signing=False):
-    """
-    Under the store lock, install the pair (refused unless ``pub`` is the public half of
-    ``pem``). localfs_key: regular 0400 files owned by the master's user, written crash-safely
-    (see ``_install_files``), ``master.pem``/``master.pub`` kept as links to them. Other drivers:
-    through the key cache, in the same order. Call it only with the master stopped: a running
-    master keeps its private key in memory.
-
-    mopts
-        The master's opts, as Salt loads them from its config dir (``master_opts``).
-
-    signing
-        True for the signing pair (failover with signing), False for the master key pair.
-    """
-    pem_name, pub_name = master_key_files(mopts, signing)
-    problem = _pair_problem(pem, pub, pem_name, pub_name)
-    if problem:
-        raise CommandExecutionError(f"refusing to install the master key pair: {problem}")
-    with locked(mopts):
-        if not _localfs(mopts):
-            cache = _cache(mopts)
-            cache.flush("master_keys", pub_name)
-            cache.store("master_keys", pem_name, pem)
-            cache.store("master_keys", pub_name, pub)
-            return
-        _install_files(mopts, (pem_name, pem), (pub_name, pub))
-        if not signing and multimaster_saltcompat.links_legacy_master_key(mopts):
-            _link_legacy(mopts["pki_dir"], pem_name, pub_name)
-
-
-def _install_files(mopts, private, public):
-    """
-    Put ``(name, text)`` ``private`` and ``public`` in ``pki_dir`` (where 3008 keeps master keys,
-    also in a cluster), mode 0400 and owner as ``localfs_key`` stores them.
-
-    Order: remove the old .pub, replace the .pem, then put the new .pub. A crash at any step
-    leaves a master that starts with a consistent pair: with no .pub it serves (and stores
-    again) the public half of the .pem it loads (``MasterKeys.get_pub_str``). The other orders
-    are worse: a new .pub beside the old .pem (or the reverse) is served while the master signs
-    with the other key, and a missing .pem makes the master generate a new pair. Each file is
-    staged in the private temp dir and fsync'd, each step is a rename (or unlink) followed by a
-    sync of the dir.
-    """
-    pki = mopts["pki_dir"]
-    tmp_dir, uid = _private_dir(os.path.join(pki, TMP_DIR)), _uid(mopts)
-    staged = []
-    try:
-        for _, text in (private, public):
-            staged.append(_stage(tmp_dir, text, uid, mode=0o400, sync=True))
-        _discard([os.path.join(pki, public[0])])
-        _fsync_dir(pki)
-        for (name, _), tmp in zip((private, public), staged, strict=True):
-            os.replace(tmp, os.path.join(pki, name))
-            _fsync_dir(pki)
-    finally:
-        _discard(staged)
-
-
-def _read_text(path):
-    # 3006/3007 keep master.pem/.pub (and the signing pair) as plain files in pki_dir.
-    try:
-        with salt.utils.files.fopen(path, "r") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
-
-
-def _link_legacy(pki, pem_name, pub_name):
-    # 3008 keeps master.pem/.pub as compatibility symlinks to <id>.pem/.pub; plain files left by
-    # an older layout would shadow nothing but confuse operators, so leave only links.
-    for legacy, current in (("master.pem", pem_name), ("master.pub", pub_name)):
-        path = os.path.join(pki, legacy)
-        if os.path.lexists(path) and not os.path.islink(path):
-            os.unlink(path)
-        if not os.path.lexists(path):
-            os.symlink(os.path.join(pki, current), path)
 
 
 # --- peer side (run by a control minion) ---

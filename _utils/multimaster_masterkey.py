@@ -18,6 +18,7 @@ import multimaster_handshake
 import multimaster_keys
 import multimaster_keystore
 import multimaster_keysync
+import multimaster_masterkeyfiles
 import multimaster_seal
 import multimaster_transport
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -33,11 +34,11 @@ def master_key_info(minion_opts, master, mopts, signing=False):
     The public master key (or signing key) ``master`` stores, its ``salt-key -F`` value and a
     fresh challenge for the runner's next envelope (``binding``).
     """
-    pub = multimaster_keystore.read_master_key(mopts, signing=signing)
+    pub = multimaster_masterkeyfiles.read_master_key(mopts, signing=signing)
     return {
-        "name": multimaster_keystore.master_key_files(mopts, signing)[1],
+        "name": multimaster_masterkeyfiles.master_key_files(mopts, signing)[1],
         "pub": pub,
-        "own_pub": multimaster_keystore.read_master_key(mopts) if signing else pub,
+        "own_pub": multimaster_masterkeyfiles.read_master_key(mopts) if signing else pub,
         "salt_finger": pub and multimaster_keys.salt_finger(pub),
         "binding": multimaster_seal.binding(minion_opts, master),
     }
@@ -62,7 +63,7 @@ def served_args(mopts, pub, signing):
     signing pair too.
     """
     if signing:
-        return multimaster_keystore.read_master_key(mopts), pub
+        return multimaster_masterkeyfiles.read_master_key(mopts), pub
     return pub, None
 
 
@@ -100,7 +101,7 @@ def install_master_key(minion_opts, master, section, transfer, pull, signing=Fal
     envelope = multimaster_transport.pulled_json(transfer, ENVELOPE_LIMIT, "master key", pull)
     pem, pub, fp = opened_pair(minion_opts, envelope, master, signing)
     result = {"fp": fp, "changed": False, "restarted": None}
-    current = multimaster_keystore.read_master_key(mopts, signing=signing)
+    current = multimaster_masterkeyfiles.read_master_key(mopts, signing=signing)
     if current and multimaster_keys.fingerprint(current) == fp:
         served = served_args(mopts, pub, signing)
         ok, reason = verify_served(minion_opts, host, port, *served, timeout=10)
@@ -111,7 +112,7 @@ def install_master_key(minion_opts, master, section, transfer, pull, signing=Fal
         mopts["pidfile"], service(section), "salt-master", master["config_dir"]
     )
     try:
-        multimaster_keystore.install_master_key(mopts, pem, pub, signing=signing)
+        multimaster_masterkeyfiles.install_master_key(mopts, pem, pub, signing=signing)
     finally:
         del pem
         multimaster_daemon.start_now(stopped, "salt-master", master["config_dir"])
@@ -139,8 +140,8 @@ def _local_pair(run, signing):
     ``(private pem, public pem)`` of the pair this master would deliver (never returned).
     """
     return (
-        multimaster_keystore.read_master_key(run.opts, signing, private=True),
-        multimaster_keystore.read_master_key(run.opts, signing),
+        multimaster_masterkeyfiles.read_master_key(run.opts, signing, private=True),
+        multimaster_masterkeyfiles.read_master_key(run.opts, signing),
     )
 
 

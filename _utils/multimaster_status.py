@@ -20,6 +20,7 @@ import multimaster_keys
 import multimaster_keystore
 import multimaster_keysync
 import multimaster_masterkey
+import multimaster_masterkeyfiles
 import multimaster_roots
 import multimaster_rootsync
 import multimaster_seal
@@ -50,9 +51,9 @@ def store_problems(mopts, signing):
     The problems of the key store and the master key pair (and signing pair, with ``signing``).
     """
     problems = multimaster_keystore.store_problems(mopts)
-    problems += multimaster_keystore.master_key_pair_problems(mopts)
+    problems += multimaster_masterkeyfiles.master_key_pair_problems(mopts)
     if signing:
-        problems += multimaster_keystore.master_key_pair_problems(mopts, signing=True)
+        problems += multimaster_masterkeyfiles.master_key_pair_problems(mopts, signing=True)
     return problems
 
 

@@ -10,6 +10,7 @@ import pytest
 from tests.support.transfers import master_serving, stage_json
 
 import multimaster_daemon  # noqa: E402  isort: skip
+import multimaster_masterkeyfiles  # noqa: E402  isort: skip
 
 MASTER = {"id": "m2", "host": "10.0.0.2", "config_dir": "/etc/salt", "minion_id": "cm2"}
 SECTION = {"ports": {"publish": 4505, "ret": 4506}, "masters": [MASTER]}
@@ -50,7 +51,7 @@ def calls(peer, monkeypatch):
     monkeypatch.setattr(peer.multimaster_masterkey, "opened_pair", lambda *a: ("PEM", "PUB", "ab"))
     keystore, daemon = peer.multimaster_keystore, multimaster_daemon
     monkeypatch.setattr(keystore, "master_opts", lambda d: {"pidfile": "/run/m.pid"})
-    monkeypatch.setattr(keystore, "read_master_key", lambda *a, **k: None)
+    monkeypatch.setattr(multimaster_masterkeyfiles, "read_master_key", lambda *a, **k: None)
     monkeypatch.setattr(
         daemon,
         "stop_now",
@@ -66,7 +67,7 @@ def test_the_master_is_started_again_when_the_store_fails(peer, calls, sender, m
         calls.append("store")
         raise OSError("disk full")
 
-    monkeypatch.setattr(peer.multimaster_keystore, "install_master_key", broken)
+    monkeypatch.setattr(multimaster_masterkeyfiles, "install_master_key", broken)
     with pytest.raises(OSError, match="disk full"):
         peer.install_master_key(stage_json(sender, "cm2", {"envelope": "sealed"}))
     assert calls == ["stop", "store", "start"]
@@ -74,7 +75,7 @@ def test_the_master_is_started_again_when_the_store_fails(peer, calls, sender, m
 
 def test_the_key_is_stored_only_while_the_master_is_stopped(peer, calls, sender, monkeypatch):
     monkeypatch.setattr(
-        peer.multimaster_keystore,
+        multimaster_masterkeyfiles,
         "install_master_key",
         lambda *a, **k: calls.append("store"),
     )

@@ -1,7 +1,8 @@
 """
-The Salt-line adapter (_utils/multimaster_saltcompat.py) and the key store on both layouts: the
-3008 key cache (``<id>.pem`` + ``master.pem`` links) and 3006/3007 (``master.pem`` itself). Runs
-on every Salt line CI tests: the running Salt's own ``MasterKeys`` loads what was installed.
+The Salt-line adapter (_utils/multimaster_saltcompat.py), the key store and the master's key
+files on both layouts: the 3008 key cache (``<id>.pem`` + ``master.pem`` links) and 3006/3007
+(``master.pem`` itself). Runs on every Salt line CI tests: the running Salt's own ``MasterKeys``
+loads what was installed.
 """
 
 import os
@@ -9,6 +10,7 @@ import stat
 import sys
 
 import multimaster_keystore as ks
+import multimaster_masterkeyfiles as mkf
 import multimaster_saltcompat as layout
 import multimaster_settings
 import pytest
@@ -39,8 +41,8 @@ def test_the_adapter_reads_the_running_salt_not_its_version_string():
 def test_the_legacy_layout_keeps_master_pem_as_the_files_themselves(tmp_path):
     mopts = _legacy_opts(tmp_path)
     pem, pub = priv_pem(KEY), pub_pem(KEY)
-    assert ks.master_key_files(mopts) == ("master.pem", "master.pub")
-    ks.install_master_key(mopts, pem, pub)
+    assert mkf.master_key_files(mopts) == ("master.pem", "master.pub")
+    mkf.install_master_key(mopts, pem, pub)
     for name, text in (("master.pem", pem), ("master.pub", pub)):
         path = os.path.join(mopts["pki_dir"], name)
         st = os.lstat(path)
@@ -48,8 +50,8 @@ def test_the_legacy_layout_keeps_master_pem_as_the_files_themselves(tmp_path):
         with open(path, encoding="utf-8") as handle:
             assert handle.read() == text
     assert not os.path.lexists(os.path.join(mopts["pki_dir"], "master1.pem"))
-    assert ks.read_master_key(mopts) == pub and ks.read_master_key(mopts, private=True) == pem
-    assert ks.master_key_pair_problems(mopts) == []
+    assert mkf.read_master_key(mopts) == pub and mkf.read_master_key(mopts, private=True) == pem
+    assert mkf.master_key_pair_problems(mopts) == []
 
 
 def test_the_legacy_layout_reads_minion_keys_from_the_files(tmp_path):
@@ -67,10 +69,10 @@ def test_the_legacy_layout_reads_minion_keys_from_the_files(tmp_path):
 def test_an_installed_pair_is_what_the_running_salt_loads(tmp_path):
     mopts = loading.master_opts(tmp_path)
     pem, pub = priv_pem(KEY), pub_pem(KEY)
-    ks.install_master_key(mopts, pem, pub)
+    mkf.install_master_key(mopts, pem, pub)
     keys = salt.crypt.MasterKeys(mopts)
     assert keys.get_pub_str().strip() == pub.strip()
-    assert ks.read_master_key(mopts) == pub
+    assert mkf.read_master_key(mopts) == pub
 
 
 def test_cluster_mode_is_refused_where_salt_has_no_cluster(monkeypatch):

@@ -1,6 +1,6 @@
 """
-Master key pair install and checks in the key store (_utils/multimaster_keystore.py): crash-safe
-for localfs_key, under the store lock, the pair always consistent.
+Master key pair install and checks (_utils/multimaster_masterkeyfiles.py): crash-safe for
+localfs_key, under the key store's lock, the pair always consistent.
 """
 
 import os
@@ -10,6 +10,7 @@ import time
 
 import multimaster_keys
 import multimaster_keystore as ks
+import multimaster_masterkeyfiles as mkf
 import pytest
 import salt.config
 import salt.crypt
@@ -41,7 +42,7 @@ def on_disk(mopts, name):
 
 def test_install_stores_a_regular_0400_pair_with_the_compat_links(mopts):
     pem, pub = pair(NEW)
-    ks.install_master_key(mopts, pem, pub)
+    mkf.install_master_key(mopts, pem, pub)
     pki = mopts["pki_dir"]
     for name, text in (("master1.pem", pem), ("master1.pub", pub)):
         st = os.lstat(os.path.join(pki, name))
@@ -50,37 +51,37 @@ def test_install_stores_a_regular_0400_pair_with_the_compat_links(mopts):
     for legacy, current in (("master.pem", "master1.pem"), ("master.pub", "master1.pub")):
         assert os.readlink(os.path.join(pki, legacy)) == os.path.join(pki, current)
     assert os.listdir(os.path.join(pki, ks.TMP_DIR)) == []
-    assert ks.read_master_key(mopts) == pub and ks.read_master_key(mopts, private=True) == pem
-    assert ks.master_key_pair_problems(mopts) == []
+    assert mkf.read_master_key(mopts) == pub and mkf.read_master_key(mopts, private=True) == pem
+    assert mkf.master_key_pair_problems(mopts) == []
 
 
 def test_install_replaces_the_pair_a_master_made_itself(mopts):
     salt.crypt.MasterKeys(mopts)  # first start: master1.pem/.pub and the links
     pem, pub = pair(NEW)
-    ks.install_master_key(mopts, pem, pub)
+    mkf.install_master_key(mopts, pem, pub)
     assert on_disk(mopts, "master1.pem") == pem and on_disk(mopts, "master.pub") == pub
 
 
 def test_install_refuses_a_pair_that_does_not_match(mopts):
-    ks.install_master_key(mopts, *pair(OLD))
+    mkf.install_master_key(mopts, *pair(OLD))
     with pytest.raises(CommandExecutionError, match="does not match"):
-        ks.install_master_key(mopts, priv_pem(NEW), pub_pem(OLD))
+        mkf.install_master_key(mopts, priv_pem(NEW), pub_pem(OLD))
     assert on_disk(mopts, "master1.pem") == priv_pem(OLD)
 
 
 def test_the_signing_pair_goes_beside_the_master_key(mopts):
-    ks.install_master_key(mopts, *pair(OLD))
-    ks.install_master_key(mopts, *pair(NEW), signing=True)
+    mkf.install_master_key(mopts, *pair(OLD))
+    mkf.install_master_key(mopts, *pair(NEW), signing=True)
     assert on_disk(mopts, "master_sign.pem") == priv_pem(NEW)
     assert on_disk(mopts, "master.pem") == priv_pem(OLD)
-    assert ks.master_key_pair_problems(mopts, signing=True) == []
+    assert mkf.master_key_pair_problems(mopts, signing=True) == []
 
 
 def test_a_cluster_master_keeps_its_pair_in_its_own_pki_dir(mopts, tmp_path):
     cluster = tmp_path / "cluster"
     cluster.mkdir()
     mopts.update(cluster_id="c1", cluster_pki_dir=str(cluster))
-    ks.install_master_key(mopts, *pair(NEW))
+    mkf.install_master_key(mopts, *pair(NEW))
     assert on_disk(mopts, "master1.pem") == priv_pem(NEW)
     assert sorted(os.listdir(cluster)) == [".multimaster.lock"]
 
@@ -109,50 +110,50 @@ class FailAt:
 
 @pytest.mark.parametrize("step", range(1, 4))
 def test_an_interrupted_install_leaves_a_pair_the_master_starts_with(mopts, monkeypatch, step):
-    ks.install_master_key(mopts, *pair(OLD))
+    mkf.install_master_key(mopts, *pair(OLD))
     failing = FailAt(monkeypatch, step)
     try:
-        ks.install_master_key(mopts, *pair(NEW))
+        mkf.install_master_key(mopts, *pair(NEW))
     except (OSError, CommandExecutionError, SaltCacheError):
         pass
     monkeypatch.undo()
     assert failing.calls >= step, "the failure was injected"
-    pem = ks.read_master_key(mopts, private=True)
+    pem = mkf.read_master_key(mopts, private=True)
     assert pem in (priv_pem(OLD), priv_pem(NEW))  # never no key, never a fresh one
-    pub = ks.read_master_key(mopts)
+    pub = mkf.read_master_key(mopts)
     fp = multimaster_keys.private_key_fingerprint(pem)
     assert pub is None or multimaster_keys.fingerprint(pub) == fp
     # What the master serves after a restart is the public half of the key it loads.
     served = salt.crypt.MasterKeys(mopts).get_pub_str()
     assert multimaster_keys.fingerprint(served) == fp
     # A re-run converges.
-    ks.install_master_key(mopts, *pair(NEW))
-    assert ks.master_key_pair_problems(mopts) == []
+    mkf.install_master_key(mopts, *pair(NEW))
+    assert mkf.master_key_pair_problems(mopts) == []
     assert os.listdir(os.path.join(mopts["pki_dir"], ks.TMP_DIR)) == []
 
 
 def test_pair_problems_name_a_pub_that_does_not_match_or_is_missing(mopts):
-    ks.install_master_key(mopts, *pair(OLD))
+    mkf.install_master_key(mopts, *pair(OLD))
     path = os.path.join(mopts["pki_dir"], "master1.pub")
     os.chmod(path, 0o600)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(pub_pem(NEW))
-    (problem,) = ks.master_key_pair_problems(mopts)
+    (problem,) = mkf.master_key_pair_problems(mopts)
     assert "master1.pub" in problem and "does not match" in problem
     assert multimaster_keys.fingerprint(pub_pem(NEW)) in problem
     os.unlink(path)
-    (problem,) = ks.master_key_pair_problems(mopts)
+    (problem,) = mkf.master_key_pair_problems(mopts)
     assert "master1.pub" in problem and "missing" in problem
 
 
 def test_pair_problems_without_any_key(mopts):
-    (problem,) = ks.master_key_pair_problems(mopts)
+    (problem,) = mkf.master_key_pair_problems(mopts)
     assert "master1.pem" in problem
 
 
 def test_install_waits_for_the_lock(mopts):
     release, holder = holding_the_lock(mopts)
-    worker = threading.Thread(target=ks.install_master_key, args=(mopts, *pair(NEW)))
+    worker = threading.Thread(target=mkf.install_master_key, args=(mopts, *pair(NEW)))
     worker.start()
     time.sleep(0.3)
     assert worker.is_alive() and on_disk(mopts, "master1.pem") is None
