@@ -42,10 +42,11 @@ demo: venv
 down: venv
 	$(PY) lab/lab.py down
 
-# Unit and functional tests on every core; the daemon suites one at a time (they share ports
-# and their timing bounds assume the machine to themselves).
+# Unit and functional tests on every core, each file in one process (its module fixtures, such
+# as the job cache's PostgreSQL on a fixed port, exist once); then the daemon suites one at a
+# time (they share ports, and their timing bounds assume the machine to themselves).
 test: venv
-	$(PY) -m pytest -n auto tests/unit tests/functional
+	$(PY) -m pytest -n auto --dist loadfile tests/unit tests/functional
 	$(PY) -m pytest tests/integration
 
 # mmap_key is a Salt 3008 key-cache driver: the other lines have no key cache to test it on.
