@@ -2,8 +2,9 @@
 The master-host side of the ``multimaster`` runners: key inventory, key actions, master key
 install, served-key checks and reports, run by a master's control minion. Each function is a
 few lines over its plane's library in ``_utils`` (``multimaster_keystore``,
-``multimaster_clustersync``, ``multimaster_masterkey``, ``multimaster_status``,
-``multimaster_roots``), which owns both ends of that plane's wire contract.
+``multimaster_clustersync``, ``multimaster_masterkey``, ``multimaster_status``; the roots
+plane's ``multimaster_manifest`` and ``multimaster_roots``), which own both ends of their plane's
+wire contract.
 
 Grant this module to no publisher ACL: only the ``multimaster`` runners call it, and it trusts
 no caller (``docs/security.md``). Paths come from this minion's own pillar entry, never from
@@ -21,6 +22,7 @@ from salt.exceptions import CommandExecutionError
 try:
     import multimaster_clustersync
     import multimaster_keystore
+    import multimaster_manifest
     import multimaster_masterkey
     import multimaster_roots
     import multimaster_saltcompat
@@ -377,7 +379,7 @@ def roots_manifest(
 
         salt-run multimaster.sync_roots test=True   # the runner calls this
     """
-    return multimaster_roots.peer_manifest(__opts__, *_mopts(), kinds, full, nonce, unless, dirs)
+    return multimaster_manifest.peer_manifest(__opts__, *_mopts(), kinds, full, nonce, unless, dirs)
 
 
 @_signed_answer

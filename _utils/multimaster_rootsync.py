@@ -3,18 +3,19 @@ The roots plane's runner side: read each peer's manifest, plan, deliver.
 
 ``sync_roots`` asks every master, in one round, for the manifests of its roots that differ from
 this master's (sealed to this master and bound to the run), plans per peer what must move
-(``multimaster_roots``), then stages the content encrypted with a fresh key and sends the plan,
-sealed to the peer's control minion, which pulls and applies both. Every function takes a
-``multimaster_control.Run``. A peer's manifest is read only when its control minion passes the
-check a recipient of a private key must pass (``multimaster_masterkey.recipient_problem``).
+(``multimaster_manifest``), then stages the content encrypted with a fresh key and sends the plan,
+sealed to the peer's control minion, which pulls and applies both (``multimaster_roots``).
+Every function takes a ``multimaster_control.Run``. A peer's manifest is read only when its
+control minion passes the check a recipient of a private key must pass
+(``multimaster_masterkey.recipient_problem``).
 """
 
 import dataclasses
 import os
 
 import multimaster_control
+import multimaster_manifest
 import multimaster_masterkey
-import multimaster_roots
 import multimaster_seal
 import multimaster_transport
 from salt.exceptions import SaltInvocationError
@@ -50,7 +51,7 @@ def sync_roots(run, roots="both", test=False, timeout=300):
     """
     try:
         current, found = _sync_target(run, roots)
-        kinds, notes = multimaster_roots.synced_kinds(current, ROOT_CHOICES[roots])
+        kinds, notes = multimaster_manifest.synced_kinds(current, ROOT_CHOICES[roots])
         if not kinds:
             return multimaster_control.finish(
                 run, {"masters": {}, "comment": "; ".join(notes)}, False
@@ -84,11 +85,11 @@ def _manifest_round(run, found, current, kinds, timeout):
     """
     This master's manifests of ``kinds`` and every master's answer. One round: each master
     compares its digests with this master's and returns its manifests, sealed, only where they
-    differ (pillar ones always: see ``multimaster_roots.published``).
+    differ (pillar ones always: see ``multimaster_manifest.published``).
     """
-    opts = {key: current.get(key) for key in multimaster_roots.MANIFEST_OPTS}
-    local = multimaster_roots.manifests(opts, kinds)
-    digests = multimaster_roots.digests(local)
+    opts = {key: current.get(key) for key in multimaster_manifest.MANIFEST_OPTS}
+    local = multimaster_manifest.manifests(opts, kinds)
+    digests = multimaster_manifest.digests(local)
     nonce = os.urandom(32).hex()
     answers, errors = multimaster_control.call(
         run,
@@ -99,13 +100,13 @@ def _manifest_round(run, found, current, kinds, timeout):
             "kinds": kinds,
             "full": True,
             "nonce": nonce,
-            "unless": multimaster_roots.published(digests),
-            "dirs": multimaster_roots.published_dir_digests(local),
+            "unless": multimaster_manifest.published(digests),
+            "dirs": multimaster_manifest.published_dir_digests(local),
         },
         timeout,
-        multimaster_roots.manifest_answer_check,
+        multimaster_manifest.manifest_answer_check,
     )
-    multimaster_roots.check_layouts(multimaster_control.ids(found)[0], local, answers)
+    multimaster_manifest.check_layouts(multimaster_control.ids(found)[0], local, answers)
     return _Round(local, digests, nonce, answers, errors)
 
 
@@ -116,7 +117,7 @@ def _synced_masters(run, found, round_, test, timeout):
     """
     out = {master: {"result": False, "error": error} for master, error in round_.errors.items()}
     for master in [m for m in multimaster_control.ids(found)[1:] if m in round_.answers]:
-        if multimaster_roots.digests(round_.answers[master]["roots"]) == round_.digests:
+        if multimaster_manifest.digests(round_.answers[master]["roots"]) == round_.digests:
             out[master] = {"result": True, "changed": False}
         else:
             out[master] = _sync_one_root_set(run, found, master, round_, test, timeout)
@@ -131,12 +132,12 @@ def _sync_one_root_set(run, found, master, round_, test, timeout):
     answer, local = round_.answers[master], round_.local
     try:
         files, modes, partial = opened_manifest(run, found, master, answer, round_.nonce)
-        pairs, members = multimaster_roots.sync_plan(local, files, modes, partial)
+        pairs, members = multimaster_manifest.sync_plan(local, files, modes, partial)
     except (SaltInvocationError, multimaster_seal.SealError) as exc:
         return {"result": False, "error": f"manifest of {master}: {exc}"}
     except (KeyError, IndexError, TypeError):
         return {"result": False, "error": malformed_manifest(master)}
-    report = multimaster_roots.plan_report(pairs, local, multimaster_control.SHOWN)
+    report = multimaster_manifest.plan_report(pairs, local, multimaster_control.SHOWN)
     if test:
         return {"result": None, "planned": report}
     run.progress(f"{master}: {report['counts']} ({report['bytes']} bytes)")
@@ -204,8 +205,8 @@ def opened_manifest(run, found, master, answer, nonce):
     files = body["files"]
     return (
         files,
-        multimaster_roots.modes_check(body.get("dir_modes"), files),
-        multimaster_roots.partial_check(body.get("dirs"), files),
+        multimaster_manifest.modes_check(body.get("dir_modes"), files),
+        multimaster_manifest.partial_check(body.get("dirs"), files),
     )
 
 

@@ -19,9 +19,9 @@ import multimaster_jobcache
 import multimaster_keys
 import multimaster_keystore
 import multimaster_keysync
+import multimaster_manifest
 import multimaster_masterkey
 import multimaster_masterkeyfiles
-import multimaster_roots
 import multimaster_rootsync
 import multimaster_seal
 import salt.runner
@@ -80,9 +80,9 @@ def master_report(minion_opts, master, mopts, signing=False, ping_timeout=5):
     }
     for part in ("keys", "master_key"):
         report[part].pop("binding")
-    kinds = multimaster_roots.synced_kinds(mopts)[0]
-    report["roots"] = multimaster_roots.summarized_manifests(mopts, kinds)[0]
-    report["git"] = multimaster_roots.served_commits(mopts)
+    kinds = multimaster_manifest.synced_kinds(mopts)[0]
+    report["roots"] = multimaster_manifest.summarized_manifests(mopts, kinds)[0]
+    report["git"] = multimaster_manifest.served_commits(mopts)
     report["job_cache"] = multimaster_jobcache.check(mopts)
     report["alive"] = report["keys"]["alive"]
     if report["alive"]:
@@ -167,8 +167,8 @@ def _report_check(answer):
     answer["master_key"]["fp"] = multimaster_keys.fingerprint(pub) if pub else None
     if not isinstance(answer.get("answering"), list):
         raise ValueError("answering is not a list")
-    multimaster_roots.git_check(answer.get("git"))
-    return multimaster_roots.roots_check(answer)
+    multimaster_manifest.git_check(answer.get("git"))
+    return multimaster_manifest.roots_check(answer)
 
 
 def _masters_part(section, reports, errors, signing):
@@ -334,7 +334,7 @@ def _roots_paths_differ(run, section, reachable, slots, timeout):
             except (KeyError, IndexError):
                 out[name][master] = f"{master} has no such root"
                 continue
-            out[name][master] = multimaster_roots.differences(
+            out[name][master] = multimaster_manifest.differences(
                 *source, *target, shown=multimaster_control.SHOWN, named=kind != "pillar_roots"
             )
     return out
@@ -354,7 +354,7 @@ def _opened_manifests(run, section, reachable, slots, timeout):
         "roots_manifest",
         {"kinds": kinds, "full": True, "nonce": nonce},
         timeout,
-        multimaster_roots.roots_check,
+        multimaster_manifest.roots_check,
     )
     opened = {}
     for master, answer in answers.items():

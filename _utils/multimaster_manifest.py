@@ -1,0 +1,995 @@
+"""
+Roots trees (``file_roots``/``pillar_roots`` paths) as manifests, the difference between two,
+what a master serves from them, the checks of a peer's answers about its roots, the plan that
+makes them equal to the primary's, and a peer's answer with its own manifests. Applying that plan
+on the peer is ``multimaster_roots``.
+
+A manifest maps each regular file's path relative to its root to ``{"size", "mode", "sha256"}``,
+and each directory that holds one (``""``: the root itself) to its permission bits: a peer's copy
+of a tree is never readable wider than the primary's.
+Symlinks below a root are never followed: one in a source tree is skipped and reported, and a
+scan goes through ``multimaster_safefs``, one directory at a time by fd with ``O_NOFOLLOW``. VCS
+directories are skipped.
+"""
+
+import contextlib
+import fnmatch
+import hashlib
+import itertools
+import json
+import os
+import re
+import stat
+import time
+
+import multimaster_safefs
+import multimaster_seal
+import multimaster_transport
+import salt.utils.atomicfile
+import salt.utils.json
+from salt.exceptions import SaltInvocationError
+
+# A file changed this recently is hashed again next time: a second write within one timestamp
+# tick would leave its size, mtime and ctime as they were.
+_RACY_NS = 2 * 10**9
+
+
+def ignored_by(opts):
+    """
+    A predicate on relative paths: True for those the master's file server never serves
+    (``file_ignore_regex``/``file_ignore_glob``, matched as Salt's ``roots`` backend matches
+    them). ``sync_roots`` neither copies nor deletes them.
+
+    opts
+        The master's opts.
+    """
+    regexes = [re.compile(r) for r in opts.get("file_ignore_regex") or []]
+    globs = list(opts.get("file_ignore_glob") or [])
+    if not regexes and not globs:
+        return None
+    return lambda rel: (
+        any(r.search(rel) for r in regexes) or any(fnmatch.fnmatch(rel, g) for g in globs)
+    )
+
+
+def _hash_cache_path(cachedir, root):
+    name = hashlib.sha256(os.path.abspath(root).encode()).hexdigest()
+    return os.path.join(cachedir, "multimaster", "roots-hashes", f"{name}.json")
+
+
+def _load_hashes(path):
+    """
+    ``{relpath: [dev, ino, size, mtime_ns, ctime_ns, sha256]}`` from a hash cache; an
+    unreadable or malformed one is an empty cache (everything is hashed again).
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            hashes = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return hashes if isinstance(hashes, dict) else {}
+
+
+def _save_hashes(path, hashes):
+    """
+    Replace the hash cache at ``path`` atomically (in the master's 0700 cachedir); a cache
+    that cannot be written only costs the next run its hashing.
+    """
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with salt.utils.atomicfile.atomic_open(path, "w") as handle:
+            json.dump(hashes, handle, separators=(",", ":"))
+    except OSError:
+        pass
+
+
+def _stat_key(info):
+    return [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def _cached_sha(cached, key):
+    """
+    The SHA-256 a hash cache entry holds for a file whose stat key is ``key``; None when the
+    entry is for another state of the file or not well formed (then the file is read again).
+    """
+    if not isinstance(cached, list) or len(cached) != 6 or cached[:5] != key:
+        return None
+    sha = cached[5]
+    return sha if isinstance(sha, str) and _SHA256_HEX.fullmatch(sha) else None
+
+
+def manifest(root, ignored=None, cachedir=None, dirs=None):
+    """
+    ``(files, skipped)`` of the tree at ``root``: ``files`` maps relative paths to
+    ``{"size", "mode", "sha256"}``; ``skipped`` maps relative paths to the reason (symlink,
+    special file, unsafe name). A missing root is an empty tree.
+
+    root
+        The root directory (a ``file_roots``/``pillar_roots`` path).
+
+    ignored
+        A predicate (from ``ignored_by``): files it matches are left out, not reported.
+
+    cachedir
+        The master's cachedir: a file whose device, inode, size, mtime and ctime are those it
+        had when it was last hashed there is not read again (``ctime`` cannot be set back, so
+        content rewritten with its old size and mtime is hashed again).
+
+    dirs
+        A dict to fill with the permission bits of each directory that holds a listed file,
+        below it or directly, the root (``""``) included (empty directories are not synced).
+    """
+    files, skipped, modes = {}, {}, {}
+    if not os.path.isdir(root):
+        return files, skipped
+    cache_path = _hash_cache_path(cachedir, root) if cachedir else None
+    known = _load_hashes(cache_path) if cache_path else {}
+    fresh, trusted_before = {}, time.time_ns() - _RACY_NS
+    for rel, entry, dfd in multimaster_safefs.walk(root, skipped, ignored, dirs=modes):
+        info = entry.stat(follow_symlinks=False)
+        key = _stat_key(info)
+        sha = _cached_sha(known.get(rel), key)
+        if sha is None:
+            try:
+                sha = multimaster_safefs.sha256_fd(
+                    multimaster_safefs.open_regular(entry.name, dfd, expect=info)
+                )
+            except OSError as exc:
+                skipped[rel] = f"changed during the scan ({exc.strerror or exc})"
+                continue
+        if max(info.st_mtime_ns, info.st_ctime_ns) < trusted_before:
+            fresh[rel] = [*key, sha]
+        files[rel] = {
+            "size": info.st_size,
+            "mode": stat.S_IMODE(info.st_mode) & 0o777,
+            "sha256": sha,
+        }
+    if cache_path and fresh != known:
+        _save_hashes(cache_path, fresh)
+    if dirs is not None:
+        dirs.update(_holding(files, modes))
+    return files, skipped
+
+
+def _holding(files, modes):
+    """
+    The entries of ``modes`` (``{directory: mode}``) for the directories that hold one of
+    ``files``, the root (``""``) among them unless the tree is empty: an empty root is no more
+    synced than an empty directory, and equals a missing one.
+    """
+    wanted = set()
+    for relpath in files:
+        parts = relpath.split("/")[:-1]
+        wanted.update("/".join(parts[:depth]) for depth in range(len(parts) + 1))
+    return {directory: mode for directory, mode in modes.items() if directory in wanted}
+
+
+def manifests(opts, kinds):
+    """
+    ``{kind: {env: [{"path", "files", "skipped", "digest"}, ...]}}``: the manifest of each root
+    of the master whose ``opts`` are given, per kind (``file_roots``/``pillar_roots``), per
+    environment, in position order. ``file_roots`` leave out what the file server ignores.
+    Hashes are kept in the master's cachedir (``manifest``). Each entry also holds ``dirs``,
+    the modes of its directories (``manifest``), which its digest covers.
+
+    opts
+        The master's opts (its own config: roots never come from an argument).
+
+    kinds
+        Which roots.
+    """
+    out = {}
+    for kind in kinds:
+        out[kind] = {}
+        ignored = ignored_by(opts) if kind == "file_roots" else None
+        for env, paths in (opts.get(kind) or {}).items():
+            out[kind][env] = []
+            for path in paths:
+                dirs = {}
+                files, skipped = manifest(str(path), ignored, opts.get("cachedir"), dirs)
+                out[kind][env].append(
+                    {
+                        "path": str(path),
+                        "files": files,
+                        "dirs": dirs,
+                        "skipped": skipped,
+                        "digest": digest(files, dirs),
+                    }
+                )
+    return out
+
+
+def _sha256_json(document):
+    return hashlib.sha256(
+        json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
+
+
+def digest(files, dirs=None):
+    """
+    One SHA-256 for a manifest's files (and directory modes): equal trees have equal digests.
+
+    files
+        The ``files`` part of a manifest.
+
+    dirs
+        The directory modes of the manifest (``manifest``'s ``dirs``), when they count.
+    """
+    return _sha256_json(files if dirs is None else {"files": files, "dirs": dirs})
+
+
+def digests(roots):
+    """
+    ``{kind: {env: [digest, ...]}}`` of a roots report (``manifests`` or a peer's summary):
+    what two masters compare to know whether their roots are equal.
+
+    roots
+        ``{kind: {env: [{"digest", ...}, ...]}}``.
+    """
+    return {
+        kind: {env: [r["digest"] for r in rs] for env, rs in envs.items()}
+        for kind, envs in roots.items()
+    }
+
+
+# The most a publish may carry of one master's per-directory digests (JSON bytes): beyond it
+# the peers send whole manifests.
+DIR_DIGESTS_LIMIT = 32 * 1024
+
+
+def _dir_of(relpath):
+    return relpath.rpartition("/")[0]
+
+
+def dir_digests(files, dirs=None):
+    """
+    ``{directory: digest}`` of a manifest's files grouped by the directory that holds them
+    (``""`` for the root), each with that directory's mode: two trees differ only in the
+    directories whose digests differ.
+
+    files
+        The ``files`` part of a manifest.
+
+    dirs
+        Its directory modes (``manifest``'s ``dirs``).
+    """
+    dirs = dirs or {}
+    groups = {directory: {} for directory in dirs}
+    for relpath, entry in files.items():
+        groups.setdefault(_dir_of(relpath), {})[relpath] = entry
+    return {
+        directory: _sha256_json({"files": group, "mode": dirs.get(directory)})
+        for directory, group in groups.items()
+    }
+
+
+def differing_dirs(files, theirs, dirs=None):
+    """
+    The sorted directories where the manifest ``files`` and the per-directory digests
+    ``theirs`` (``dir_digests`` of the other tree) disagree, including those only one side has.
+
+    files
+        The ``files`` part of this side's manifest.
+
+    theirs
+        ``{directory: digest}`` of the other side.
+
+    dirs
+        This side's directory modes.
+    """
+    mine = dir_digests(files, dirs)
+    return sorted(d for d in set(mine) | set(theirs) if mine.get(d) != theirs.get(d))
+
+
+def within(files, dirs):
+    """
+    The entries of the manifest ``files`` that sit directly in one of ``dirs``.
+
+    files
+        The ``files`` part of a manifest.
+
+    dirs
+        Directories relative to the root (``""`` is the root).
+    """
+    dirs = set(dirs)
+    return {relpath: entry for relpath, entry in files.items() if _dir_of(relpath) in dirs}
+
+
+def modes_within(modes, dirs):
+    """
+    The entries of the directory modes ``modes`` for the directories ``dirs``.
+
+    modes
+        ``{directory: mode}`` (``manifest``'s ``dirs``).
+
+    dirs
+        Directories relative to the root (``""`` is the root).
+    """
+    dirs = set(dirs)
+    return {directory: mode for directory, mode in modes.items() if directory in dirs}
+
+
+def plan(source, target):
+    """
+    What makes ``target`` equal to ``source``: ``{"add", "change", "mode", "delete"}``, sorted
+    lists of relative paths (``mode``: content equal, mode differs).
+
+    source
+        The files of the primary's root.
+
+    target
+        The files of the paired root on a peer.
+    """
+    add = sorted(path for path in source if path not in target)
+    change = sorted(
+        path
+        for path in source
+        if path in target and source[path]["sha256"] != target[path]["sha256"]
+    )
+    mode = sorted(
+        path
+        for path in source
+        if path in target
+        and source[path]["sha256"] == target[path]["sha256"]
+        and source[path]["mode"] != target[path]["mode"]
+    )
+    delete = sorted(path for path in target if path not in source)
+    return {"add": add, "change": change, "mode": mode, "delete": delete}
+
+
+def dir_plan(source, target):
+    """
+    ``[[directory, mode], ...]``, sorted: the directories of ``source`` that ``target`` lacks
+    or holds with another mode, and the mode each must get.
+
+    source
+        The directory modes of the primary's root (``manifest``'s ``dirs``).
+
+    target
+        Those of the paired root on a peer.
+    """
+    return [[d, mode] for d, mode in sorted(source.items()) if target.get(d) != mode]
+
+
+ROOT_KINDS = ("file_roots", "pillar_roots")
+_ROOTS_BACKENDS = frozenset(("roots", "rootsfs"))
+_GIT_ROLES = ("gitfs", "git_pillar")
+
+
+def real_layout(opts):
+    """
+    ``{kind: {env: [real path, ...]}}`` of every ``file_roots``/``pillar_roots`` path of the
+    master whose ``opts`` are given (symlinks resolved): what ``overlaps`` compares.
+
+    opts
+        The master's opts.
+    """
+    return {
+        kind: {env: [os.path.realpath(str(p)) for p in paths] for env, paths in roots.items()}
+        for kind in ROOT_KINDS
+        for roots in [opts.get(kind) or {}]
+    }
+
+
+def overlaps(layout):
+    """
+    ``{(slot, slot): relation}`` for every two roots of ``layout`` (``real_layout``) that are
+    not apart: ``same`` directory, the first ``inside`` the second, or the first ``contains``
+    the second. A slot is ``(kind, env, position)``. Two masters whose roots overlap alike can
+    be mirrored; otherwise a sync of one root would delete the other's files through it.
+
+    layout
+        ``{kind: {env: [path, ...]}}``.
+    """
+    slots = sorted(
+        ((kind, env, index), os.path.normpath(path))
+        for kind, envs in layout.items()
+        for env, paths in envs.items()
+        for index, path in enumerate(paths)
+    )
+    found = {}
+    for (one, path), (other, there) in itertools.combinations(slots, 2):
+        if path == there:
+            found[(one, other)] = "same"
+        elif path.startswith(there.rstrip("/") + "/"):
+            found[(one, other)] = "inside"
+        elif there.startswith(path.rstrip("/") + "/"):
+            found[(one, other)] = "contains"
+    return found
+
+
+def synced_kinds(opts, kinds=ROOT_KINDS):
+    """
+    ``(kinds, notes)``: which of ``kinds`` this master serves from its roots directories, and
+    a note for each one served from git instead (there is nothing to copy then: every master
+    fetches the same remotes, and ``status`` compares the commits they serve).
+
+    opts
+        The master's opts.
+
+    kinds
+        ``file_roots`` and/or ``pillar_roots``.
+    """
+    synced, notes = [], []
+    backends = opts.get("fileserver_backend") or ["roots"]
+    git_pillar = any(isinstance(e, dict) and "git" in e for e in opts.get("ext_pillar") or [])
+    for kind in kinds:
+        if kind == "file_roots" and not _ROOTS_BACKENDS.intersection(backends):
+            # The formula's own backend serves transfers, not files: not worth naming here.
+            serving = [name for name in backends if name != multimaster_transport.BACKEND]
+            notes.append(f"file_roots: masters serve files from {serving}: nothing to sync")
+        elif kind == "pillar_roots" and git_pillar:
+            notes.append("pillar_roots: masters take pillar from git_pillar: nothing to sync")
+        else:
+            synced.append(kind)
+    return synced, notes
+
+
+def _read_ref(git_dir, ref):
+    try:
+        with open(os.path.join(git_dir, ref), encoding="ascii") as handle:
+            return handle.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _remote_branches(git_dir):
+    """
+    ``{branch: sha}`` of the remote-tracking refs of ``origin`` in ``git_dir`` (loose refs win
+    over ``packed-refs``, as git reads them).
+    """
+    prefix = "refs/remotes/origin/"
+    refs = {}
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        with open(os.path.join(git_dir, "packed-refs"), encoding="ascii") as handle:
+            for line in handle:
+                sha, _, name = line.strip().partition(" ")
+                if name.startswith(prefix) and len(sha) == 40:
+                    refs[name[len(prefix) :]] = sha
+    loose = os.path.join(git_dir, prefix)
+    for directory, _dirs, names in os.walk(loose):
+        for name in names:
+            branch = os.path.relpath(os.path.join(directory, name), loose)
+            sha = _read_ref(git_dir, prefix + branch)
+            if sha and len(sha) == 40:
+                refs[branch] = sha
+    refs.pop("HEAD", None)
+    return dict(sorted(refs.items()))
+
+
+def served_commits(opts):
+    """
+    ``{role: {remote: {branch: sha}}}``: the commits this master's gitfs and git_pillar
+    checkouts hold for each remote (read from ``remote_map.txt`` and the refs in its cachedir;
+    no git library needed). Empty when the master serves nothing from git.
+
+    opts
+        The master's opts.
+    """
+    served = {}
+    for role in _GIT_ROLES:
+        cache_root = os.path.join(opts["cachedir"], role)
+        try:
+            with open(os.path.join(cache_root, "remote_map.txt"), encoding="utf-8") as handle:
+                lines = [line.strip() for line in handle if not line.startswith("#")]
+        except OSError:
+            continue
+        for line in lines:
+            basehash, sep, remote = line.partition(" = ")
+            if not sep or multimaster_safefs.unsafe_name(basehash):
+                continue
+            branches = {}
+            with contextlib.suppress(OSError):
+                for checkout in sorted(os.listdir(os.path.join(cache_root, basehash))):
+                    git_dir = os.path.join(cache_root, basehash, checkout, ".git")
+                    branches.update(_remote_branches(git_dir))
+            served.setdefault(role, {})[remote] = branches
+    return served
+
+
+# --- a sync's plan and the checks of the peers' answers --------------------------------------
+
+
+class RootsRefused(SaltInvocationError):
+    """
+    The masters' roots cannot be mirrored as they are (they do not pair, overlap unlike the
+    primary's, or a peer's manifest does not match its shape): nothing was written.
+    """
+
+
+# What ``manifests`` reads of a master's opts.
+MANIFEST_OPTS = ("file_roots", "pillar_roots", "file_ignore_regex", "file_ignore_glob", "cachedir")
+
+
+def layout(roots):
+    """
+    ``{kind: {env: [path, ...]}}`` of a roots report (``manifests`` or a peer's summary).
+
+    roots
+        ``{kind: {env: [{"path", ...}, ...]}}``.
+    """
+    return {
+        kind: {env: [r["path"] for r in rs] for env, rs in envs.items()}
+        for kind, envs in roots.items()
+    }
+
+
+def check_layouts(primary, local, summary):
+    """
+    Raise ``RootsRefused`` unless this master is the primary (same roots and content as the
+    primary reports) and every master's roots pair with the primary's by environment and
+    position, and overlap as the primary's do (``check_overlaps``).
+
+    primary
+        The primary's master id.
+
+    local
+        This master's ``manifests``.
+
+    summary
+        ``{master: answer}``: each master's answer (``manifest_answer_check``), the primary's
+        among them.
+    """
+    if primary not in summary:
+        raise RootsRefused(f"primary {primary} did not report its roots")
+    theirs = summary[primary]["roots"]
+    if layout(theirs) != layout(local) or digests(theirs) != digests(local):
+        raise RootsRefused(
+            f"sync_roots copies the roots this master reads from its own disk: run it on the "
+            f"primary {primary} (its roots differ from this master's)"
+        )
+    for master, answer in summary.items():
+        for kind, envs in local.items():
+            mine = {env: len(rs) for env, rs in envs.items()}
+            peer = {env: len(rs) for env, rs in answer["roots"].get(kind, {}).items()}
+            if mine != peer:
+                raise RootsRefused(
+                    f"{kind} of {master} do not pair with the primary's by environment and "
+                    f"position: primary {layout(local)[kind]}, {master} "
+                    f"{layout(answer['roots']).get(kind, {})}; nothing written"
+                )
+    check_overlaps(primary, summary)
+
+
+_OVERLAP = {
+    None: "apart",
+    "same": "one directory",
+    "inside": "the first inside the second",
+    "contains": "the second inside the first",
+}
+
+
+def check_overlaps(primary, summary):
+    """
+    Raise ``RootsRefused`` unless every root of a master that overlaps another there (both
+    kinds, synced or not) overlaps it alike on the primary: a peer root holding another root's
+    directory, where the primary's keeps them apart, would see the other's files as extra and
+    delete them. Roots apart on a peer are safe whatever the primary does (nested there, the
+    outer root's files are mirrored as it serves them).
+
+    primary
+        The primary's master id.
+
+    summary
+        ``{master: answer}``, each answer with ``real`` (``real_layout``).
+    """
+    mine = overlaps(summary[primary]["real"])
+    for master, answer in summary.items():
+        theirs = overlaps(answer["real"])
+        for one, other in sorted(theirs):
+            if mine.get((one, other)) != theirs[(one, other)]:
+                raise RootsRefused(
+                    f"roots of {master} overlap unlike the primary's: {_slot(one)} "
+                    f"{_where(answer['real'], one)} and {_slot(other)} "
+                    f"{_where(answer['real'], other)}: {_OVERLAP[theirs.get((one, other))]} on "
+                    f"{master}, {_OVERLAP[mine.get((one, other))]} on {primary}; nothing written"
+                )
+
+
+def _slot(slot):
+    return "{} {} #{}".format(*slot)
+
+
+def _where(layout_, slot):
+    kind, env, index = slot
+    paths = layout_.get(kind, {}).get(env, [])
+    return repr(paths[index]) if index < len(paths) else "(none)"
+
+
+def _mapping_of(value, what, check):
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ValueError(f"{what} is not a mapping")
+    for item in value.values():
+        check(item)
+
+
+def roots_check(answer):
+    """
+    ``answer``, checked to hold a peer's ``roots``: ``{kind: {env: [{"path": str, "digest":
+    str, ...}]}}``; raises ValueError otherwise.
+
+    answer
+        A peer's answer (``multimaster_peer.roots_manifest`` or ``master_report``).
+    """
+
+    def root_list(rs):
+        if not isinstance(rs, list) or not all(
+            isinstance(r, dict)
+            and isinstance(r.get("path"), str)
+            and isinstance(r.get("digest"), str)
+            for r in rs
+        ):
+            raise ValueError("malformed root")
+
+    _mapping_of(answer.get("roots"), "roots", lambda envs: _mapping_of(envs, "roots", root_list))
+    return answer
+
+
+def manifest_answer_check(answer):
+    """
+    ``roots_check``, and the real paths of every root (``{kind: {env: [str]}}``).
+
+    answer
+        A peer's ``multimaster_peer.roots_manifest`` answer.
+    """
+
+    def paths(ps):
+        if not isinstance(ps, list) or not all(isinstance(p, str) for p in ps):
+            raise ValueError("malformed real paths")
+
+    _mapping_of(answer.get("real"), "real", lambda envs: _mapping_of(envs, "real", paths))
+    return roots_check(answer)
+
+
+def git_check(git):
+    """
+    Raise ValueError unless ``git`` has the shape of a peer's served commits:
+    ``{role: {remote: {branch: 40-hex sha}}}`` (``served_commits``).
+
+    git
+        What the peer sent.
+    """
+
+    def branches(refs):
+        _mapping_of(refs, "git branches", lambda sha: None)
+        if not all(isinstance(sha, str) and len(sha) == 40 for sha in refs.values()):
+            raise ValueError("a served commit is not a sha")
+
+    _mapping_of(git, "git", lambda remotes: _mapping_of(remotes, "git remotes", branches))
+
+
+def published(roots):
+    """
+    The kinds of ``roots`` that a publish may carry: every minion sees a publish, and names and
+    digests of pillar files are not for it (a digest of a small pillar file confirms a guessed
+    secret). The peers send those manifests whole.
+
+    roots
+        ``{kind: ...}`` (digests or manifests).
+    """
+    return {kind: envs for kind, envs in roots.items() if kind != "pillar_roots"}
+
+
+def published_dir_digests(local):
+    """
+    ``{kind: {env: [{dir: digest}, ...]}}`` of this master's published roots (``published``),
+    for the peers to return only the directories that differ; ``None`` when that would not fit
+    in a small publish (``DIR_DIGESTS_LIMIT``).
+
+    local
+        This master's ``manifests``.
+    """
+    dirs = {
+        kind: {env: [dir_digests(r["files"], r["dirs"]) for r in rs] for env, rs in envs.items()}
+        for kind, envs in published(local).items()
+    }
+    size = len(salt.utils.json.dumps(dirs))
+    return dirs if size <= DIR_DIGESTS_LIMIT else None
+
+
+def _per_root(value, files, what, valid):
+    """
+    ``value`` (``{kind: {env: [item, ...]}}`` from a peer's sealed manifest), checked to have
+    the shape of ``files`` and each item to pass ``valid``; ``RootsRefused`` names ``what``.
+    """
+    for kind, envs in files.items():
+        for env, roots in envs.items():
+            given = value.get(kind, {}).get(env) if isinstance(value, dict) else None
+            if not isinstance(given, list) or len(given) != len(roots):
+                raise RootsRefused(f"the {what} of {kind} {env} do not match the manifests")
+            if not all(valid(item) for item in given):
+                raise RootsRefused(f"malformed {what} in {kind} {env}")
+    return value
+
+
+def partial_check(partial, files):
+    """
+    The peer's ``dirs`` (which directories each manifest covers; ``None``: all), checked to
+    have the shape of ``files``; ``RootsRefused`` otherwise.
+
+    partial
+        ``{kind: {env: [[directory, ...] or None, ...]}}`` or None, from the sealed manifest.
+
+    files
+        The peer's file manifests, ``{kind: {env: [files, ...]}}``.
+    """
+    if partial is None:
+        return None
+    return _per_root(
+        partial,
+        files,
+        "directory lists",
+        lambda where: (
+            where is None or (isinstance(where, list) and all(isinstance(d, str) for d in where))
+        ),
+    )
+
+
+def modes_check(modes, files):
+    """
+    The peer's directory modes, checked to have the shape of ``files`` and to hold permission
+    bits; ``RootsRefused`` otherwise.
+
+    modes
+        ``{kind: {env: [{directory: mode}, ...]}}`` from the sealed manifest.
+
+    files
+        The peer's file manifests, ``{kind: {env: [files, ...]}}``.
+    """
+    return _per_root(
+        modes,
+        files,
+        "directory modes",
+        lambda root: (
+            isinstance(root, dict)
+            and all(
+                isinstance(d, str) and type(m) is int and 0 <= m <= 0o777 for d, m in root.items()
+            )
+        ),
+    )
+
+
+def sync_plan(local, files, modes, partial=None):
+    """
+    ``(pairs, members)``: per paired root what to write, re-mode and delete, and the modes of
+    its directories; the source files of the content stream in order (``(root, relpath,
+    size)``). A kind the peer left out of its manifests has the primary's digests there: equal.
+
+    local
+        This master's ``manifests``.
+
+    files
+        The peer's file manifests, ``{kind: {env: [files, ...]}}``.
+
+    modes
+        The peer's directory modes (``modes_check``).
+
+    partial
+        Which directories each of the peer's manifests covers (``partial_check``): only
+        those are compared, the others are equal. ``None``: every manifest is whole.
+    """
+    pairs, members = [], []
+    for kind, envs in ((k, e) for k, e in local.items() if k in files):
+        for env, rs in envs.items():
+            for index, source in enumerate(rs):
+                target = files.get(kind, {}).get(env, [])[index]
+                where = (partial or {}).get(kind, {}).get(env, [None] * len(rs))[index]
+                mine, dirs = (
+                    (source["files"], source["dirs"])
+                    if where is None
+                    else (within(source["files"], where), modes_within(source["dirs"], where))
+                )
+                diff = plan(mine, target)
+                write = [
+                    {"path": path, **source["files"][path]} for path in diff["add"] + diff["change"]
+                ]
+                members += [(source["path"], w["path"], w["size"]) for w in write]
+                pairs.append(
+                    {
+                        "kind": kind,
+                        "env": env,
+                        "index": index,
+                        "write": write,
+                        "added": diff["add"],
+                        "mode": [[path, source["files"][path]["mode"]] for path in diff["mode"]],
+                        "delete": diff["delete"],
+                        "dirs": dir_plan(dirs, modes[kind][env][index]),
+                    }
+                )
+    return pairs, members
+
+
+# What a plan's report lists per change (the paths, or how many of them for pillar_roots).
+_LISTED = ("added", "changed", "modes", "dir_modes", "deleted")
+
+
+def plan_report(pairs, local, shown):
+    """
+    What ``pairs`` (``sync_plan``) do: per change how many paths and, for ``file_roots``,
+    which (the names of pillar files never leave the sealed manifests and plan: a runner's
+    return lands in the job cache); the bytes to move.
+
+    pairs
+        The pairs of ``sync_plan``.
+
+    local
+        This master's ``manifests``.
+
+    shown
+        How many paths each list holds at most (counts are always complete).
+    """
+    counts = dict.fromkeys((*_LISTED, "skipped"), 0)
+    listed = {key: [] for key in counts}
+    for pair in pairs:
+        changes = _pair_changes(pair, local[pair["kind"]][pair["env"]][pair["index"]])
+        for key, paths in changes.items():
+            counts[key] += len(paths)
+            if pair["kind"] != "pillar_roots":
+                listed[key] += paths
+    report = {key: sorted(paths)[:shown] for key, paths in listed.items()}
+    report["skipped"] = dict(report["skipped"])
+    size = sum(w["size"] for pair in pairs for w in pair["write"])
+    return {"counts": counts, "bytes": size, **report}
+
+
+def _pair_changes(pair, root):
+    """
+    ``{change: [path, ...]}`` of one paired root's plan (``skipped``: ``[(path, why), ...]`` of
+    what the primary's root holds that is never copied), each path under the primary's root.
+    """
+
+    def under(relpath):
+        return os.path.normpath(f"{root['path']}/{relpath}")
+
+    added = set(pair["added"])
+    return {
+        "added": [under(w["path"]) for w in pair["write"] if w["path"] in added],
+        "changed": [under(w["path"]) for w in pair["write"] if w["path"] not in added],
+        "modes": [under(path) for path, _ in pair["mode"]],
+        "dir_modes": [under(directory) for directory, _ in pair["dirs"]],
+        "deleted": [under(path) for path in pair["delete"]],
+        "skipped": [(under(path), why) for path, why in root["skipped"].items()],
+    }
+
+
+def differences(files, modes, their_files, their_modes, shown, named=True):
+    """
+    What a root holds unlike the reference's ``files`` and directory ``modes``: the paths
+    ``missing``, ``changed``, re-moded (``mode``) or ``extra``, the directories of another mode
+    (``dir_mode``); each only when any.
+
+    files
+        The reference root's files (a manifest's ``files``).
+
+    modes
+        The reference root's directory modes.
+
+    their_files
+        The compared root's files.
+
+    their_modes
+        The compared root's directory modes.
+
+    shown
+        How many paths each list holds at most.
+
+    named
+        False for ``pillar_roots`` (their names are for sealed manifests only): how many of
+        each instead of the paths.
+    """
+    diff = plan(files, their_files)
+    diff["dir_mode"] = [
+        directory for directory, _ in dir_plan(modes, their_modes) if directory in their_modes
+    ]
+    keys = {"missing": "add", "changed": "change", "mode": "mode", "extra": "delete"}
+    keys["dir_mode"] = "dir_mode"
+    return {k: diff[v][:shown] if named else len(diff[v]) for k, v in keys.items() if diff[v]}
+
+
+# --- a peer's answer (run by a control minion) ---
+
+# How many skipped entries and failures a return lists; counts are always complete.
+SAMPLE = 50
+
+
+def summarized_manifests(mopts, kinds):
+    """
+    ``(roots, files, modes)`` of this master's ``kinds``: per kind, env and position the root's
+    path, digest, file count and skipped entries (``_summary``); and the file manifests and
+    directory modes in the same shape.
+    """
+    found = manifests(mopts, kinds)
+    roots = {
+        kind: {env: [_summary(kind, r) for r in rs] for env, rs in envs.items()}
+        for kind, envs in found.items()
+    }
+    files, modes = (
+        {
+            kind: {env: [r[part] for r in rs] for env, rs in envs.items()}
+            for kind, envs in found.items()
+        }
+        for part in ("files", "dirs")
+    )
+    return roots, files, modes
+
+
+def _summary(kind, root):
+    """
+    What a return may say of one root's manifest: its path, digest, file count and how many
+    entries were skipped, with a sample of those (path and why) for ``file_roots`` only: the
+    names of pillar files are for sealed manifests.
+    """
+    summary = {
+        "path": root["path"],
+        "digest": root["digest"],
+        "count": len(root["files"]),
+        "skipped_count": len(root["skipped"]),
+    }
+    if kind != "pillar_roots":
+        summary["skipped"] = dict(list(root["skipped"].items())[:SAMPLE])
+    return summary
+
+
+def narrowed(files, modes, dirs):
+    """
+    ``(files, modes, partial)`` in the shape of ``files``: each root's manifest and directory
+    modes cut down to the directories whose digests differ from the primary's ``dirs`` (the
+    directories themselves in ``partial``), or whole (``None`` in ``partial``) where ``dirs``
+    says nothing usable.
+    """
+    cut_files, cut_modes, partial = {}, {}, {}
+    for kind, envs in files.items():
+        for env, roots in envs.items():
+            theirs = dirs.get(kind, {}).get(env) if isinstance(dirs, dict) else None
+            for index, manifest in enumerate(roots):
+                mine = modes[kind][env][index]
+                their_digests = (
+                    theirs[index] if isinstance(theirs, list) and index < len(theirs) else None
+                )
+                if not isinstance(their_digests, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in their_digests.items()
+                ):
+                    cut, where = manifest, None
+                else:
+                    where = differing_dirs(manifest, their_digests, mine)
+                    cut = within(manifest, where)
+                    mine = modes_within(mine, where)
+                cut_files.setdefault(kind, {}).setdefault(env, []).append(cut)
+                cut_modes.setdefault(kind, {}).setdefault(env, []).append(mine)
+                partial.setdefault(kind, {}).setdefault(env, []).append(where)
+    return cut_files, cut_modes, partial
+
+
+def peer_manifest(
+    minion_opts, master, mopts, kinds, full=False, nonce=None, unless=None, dirs=None
+):
+    """
+    What ``multimaster_peer.roots_manifest`` answers for ``master`` (its opts ``mopts``): the
+    summaries and real paths of its roots, a fresh challenge and, with ``full``, the manifests
+    of the kinds that differ from ``unless``, cut to ``dirs`` and sealed to the master that
+    asked, bound to its ``nonce``.
+    """
+    roots, files, modes = summarized_manifests(
+        mopts, [kind for kind in kinds if kind in ROOT_KINDS]
+    )
+    ret = {
+        "roots": roots,
+        "real": real_layout(mopts),
+        "binding": multimaster_seal.binding(minion_opts, master),
+    }
+    mine, theirs = digests(roots), unless if isinstance(unless, dict) else {}
+    differing = {kind: envs for kind, envs in files.items() if mine[kind] != theirs.get(kind)}
+    if full and differing:
+        files, modes, partial = narrowed(differing, modes, dirs)
+        ret["sealed"] = multimaster_seal.seal(
+            {"files": files, "dir_modes": modes, "dirs": partial},
+            "roots_manifest",
+            master["id"],
+            multimaster_seal.own_file(minion_opts, "minion_master.pub"),
+            multimaster_seal.own_file(minion_opts, "minion.pem"),
+            multimaster_seal.bind(nonce, master["id"], master["config_dir"]),
+        )
+    return ret
