@@ -32,6 +32,7 @@ import multimaster_daemon
 import multimaster_keys
 import multimaster_keystore
 import multimaster_masterkey
+import multimaster_pillarcheck
 import multimaster_reactions
 import multimaster_reactor
 import multimaster_safefs
@@ -223,7 +224,7 @@ def own_peer_keys(section, cluster_pki_dir):
         This master's ``cluster_pki_dir``.
     """
     held = multimaster_keys.peer_keys(os.path.join(cluster_pki_dir, PEERS_DIR))
-    addresses = [multimaster_settings.cluster_address(m) for m in section["masters"]]
+    addresses = [multimaster_pillarcheck.cluster_address(m) for m in section["masters"]]
     return (
         {a: held[a] for a in addresses if held.get(a)},
         [a for a in addresses if not held.get(a)],
@@ -389,8 +390,8 @@ def install_peer_keys(peers_dir, keys, master, section):
     section
         The checked ``multimaster`` section.
     """
-    own = multimaster_settings.cluster_address(master)
-    peers = {multimaster_settings.cluster_address(m) for m in section["masters"]} - {own}
+    own = multimaster_pillarcheck.cluster_address(master)
+    peers = {multimaster_pillarcheck.cluster_address(m) for m in section["masters"]} - {own}
     checked = {}
     for peer, pem in sorted(keys.items()):
         if peer not in peers:
@@ -663,7 +664,7 @@ def status_report(section, members):
         failed).
     """
     ports = section["ports"]
-    expected = [multimaster_settings.cluster_address(m) for m in section["masters"]]
+    expected = [multimaster_pillarcheck.cluster_address(m) for m in section["masters"]]
     if not isinstance(members, dict):
         members = {"error": f"cluster.members returned {members!r}"}
     known = set(members.get("voters", [])) | set(members.get("learners", []))
@@ -780,7 +781,7 @@ def _share_one(run, section, master, answer, keys, signer, timeout):
     signed with ``signer``; with no ``signer`` (test) only report.
     """
     entry = multimaster_control.by_id(section)[master]
-    address = multimaster_settings.cluster_address(entry)
+    address = multimaster_pillarcheck.cluster_address(entry)
     missing, report = peer_keys_plan(address, answer["held"], keys)
     if signer is None or not missing:
         return dict(report, result=not report["conflicts"], written=[])
@@ -985,7 +986,7 @@ def peer_to_forget(minion_opts, section, peer, rotate_secret):
             f"{section.get('mode')!r}); forget_cluster_peer runs on a cluster master's control "
             "minion"
         )
-    listed = [multimaster_settings.cluster_address(m) for m in section["masters"]]
+    listed = [multimaster_pillarcheck.cluster_address(m) for m in section["masters"]]
     if peer in listed:
         raise CommandExecutionError(
             f"peer {peer!r} is still a master of multimaster:masters ({', '.join(listed)}): "
