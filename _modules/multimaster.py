@@ -28,6 +28,7 @@ try:
     import multimaster_ids
     import multimaster_keystore
     import multimaster_local
+    import multimaster_pillarcheck
     import multimaster_safefs
     import multimaster_saltcompat
     import multimaster_settings
@@ -506,7 +507,7 @@ def forget_cluster_peer(peer, rotate_secret=False, test=False):
     """
     multimaster_ids.check_id(peer, "peer")
     # The pillar alone (no formula defaults from the file server): a cluster names its mode.
-    section = multimaster_settings.check_section(
+    section = multimaster_pillarcheck.check_section(
         multimaster_saltcompat.pillar_section(__salt__, "multimaster")
     )
     peers_dir, held = multimaster_clustersync.peer_to_forget(__opts__, section, peer, rotate_secret)

@@ -28,9 +28,9 @@ import tempfile
 
 import multimaster_daemon
 import multimaster_keys
+import multimaster_pillarcheck
 import multimaster_safefs
 import multimaster_seal
-import multimaster_settings
 import salt.utils.event
 import salt.utils.files
 import salt.utils.user
@@ -217,7 +217,7 @@ def own_peer_keys(section, cluster_pki_dir):
         This master's ``cluster_pki_dir``.
     """
     held = multimaster_keys.peer_keys(os.path.join(cluster_pki_dir, PEERS_DIR))
-    addresses = [multimaster_settings.cluster_address(m) for m in section["masters"]]
+    addresses = [multimaster_pillarcheck.cluster_address(m) for m in section["masters"]]
     return (
         {a: held[a] for a in addresses if held.get(a)},
         [a for a in addresses if not held.get(a)],
@@ -383,8 +383,8 @@ def install_peer_keys(peers_dir, keys, master, section):
     section
         The checked ``multimaster`` section.
     """
-    own = multimaster_settings.cluster_address(master)
-    peers = {multimaster_settings.cluster_address(m) for m in section["masters"]} - {own}
+    own = multimaster_pillarcheck.cluster_address(master)
+    peers = {multimaster_pillarcheck.cluster_address(m) for m in section["masters"]} - {own}
     checked = {}
     for peer, pem in sorted(keys.items()):
         if peer not in peers:
@@ -656,7 +656,7 @@ def status_report(section, members):
         failed).
     """
     ports = section["ports"]
-    expected = [multimaster_settings.cluster_address(m) for m in section["masters"]]
+    expected = [multimaster_pillarcheck.cluster_address(m) for m in section["masters"]]
     if not isinstance(members, dict):
         members = {"error": f"cluster.members returned {members!r}"}
     known = set(members.get("voters", [])) | set(members.get("learners", []))

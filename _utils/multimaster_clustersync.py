@@ -21,6 +21,7 @@ import multimaster_cluster
 import multimaster_control
 import multimaster_keystore
 import multimaster_masterkey
+import multimaster_pillarcheck
 import multimaster_reactions
 import multimaster_reactor
 import multimaster_seal
@@ -123,7 +124,7 @@ def peer_to_forget(minion_opts, section, peer, rotate_secret):
             f"{section.get('mode')!r}); forget_cluster_peer runs on a cluster master's control "
             "minion"
         )
-    listed = [multimaster_settings.cluster_address(m) for m in section["masters"]]
+    listed = [multimaster_pillarcheck.cluster_address(m) for m in section["masters"]]
     if peer in listed:
         raise CommandExecutionError(
             f"peer {peer!r} is still a master of multimaster:masters ({', '.join(listed)}): "
@@ -177,7 +178,7 @@ def _share_one(run, section, master, answer, keys, signer, timeout):
     signed with ``signer``; with no ``signer`` (test) only report.
     """
     entry = multimaster_control.by_id(section)[master]
-    address = multimaster_settings.cluster_address(entry)
+    address = multimaster_pillarcheck.cluster_address(entry)
     missing, report = multimaster_cluster.peer_keys_plan(address, answer["held"], keys)
     if signer is None or not missing:
         return dict(report, result=not report["conflicts"], written=[])

@@ -14,9 +14,9 @@ import time
 import multimaster_keys
 import multimaster_keystore
 import multimaster_masterkeyfiles
+import multimaster_pillarcheck
 import multimaster_returns
 import multimaster_seal
-import multimaster_settings
 import multimaster_transport
 import salt.client
 import salt.config
@@ -105,7 +105,7 @@ def section(run, opts=None):
             "multimaster:masters is not in this master's config: apply the multimaster.master "
             "state to this master's control minion"
         )
-    return multimaster_settings.check_section(found)
+    return multimaster_pillarcheck.check_section(found)
 
 
 def configured(run, masters, what):

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 
 import multimaster_daemon
-import multimaster_settings
+import multimaster_pillarcheck
 import psutil
 from salt.exceptions import CommandExecutionError
 
@@ -91,7 +91,7 @@ def config_text(settings):
         ]
         lines += [
             f"    server {_server_name(index, master)} "
-            f"{multimaster_settings.cluster_address(master)}:{port} {check}"
+            f"{multimaster_pillarcheck.cluster_address(master)}:{port} {check}"
             for index, master in enumerate(settings["masters"])
         ]
     return "\n".join(lines) + "\n"

@@ -1,512 +1,30 @@
 """
-The ``multimaster`` pillar: merge with the formula defaults, validate, and derive the master and
-minion configuration it implies.
+The ``multimaster`` pillar: merge with the formula defaults and derive the master and minion
+configuration it implies.
 
 Pure logic shared by the execution module (which the SLS files call), the runner (which reads the
-same section from the master's own options) and the state module. Every error names the pillar key,
-the offending value and what was expected, and is raised before anything is written.
+same section from the master's own options) and the state module. The pillar is checked by
+``multimaster_pillarcheck`` (``build`` runs it before merging and after), so every error names the
+pillar key, the offending value and what was expected, and is raised before anything is written.
 """
 
 import copy
-import json
 import os
 import re
 
-import multimaster_ids
 import multimaster_jobcache
-import multimaster_keys
+import multimaster_pillarcheck
 import multimaster_saltcompat
 import multimaster_transport
 import salt.utils.dictupdate
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-MODES = ("hot", "failover", "cluster")
-IPC_MODES = ("ipc", "tcp")
-ROOT = "multimaster"
-_CONFIG_FILE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.conf\Z")
-# Pillar keys whose values may be secret: never echoed in errors, masked in returns.
-_SECRET_KEY_RE = re.compile(
-    r"(secret|passw|token|credential|private|(^|[.:_])pass\Z)", re.IGNORECASE
-)
-_SECRET_PATHS = ("master:config", "master:gitfs:remotes")
 _URL_USERINFO_RE = re.compile(r"(?<=://)[^/@\s]+@")
-MASK = "**********"
-_FINGERPRINT_RE = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){31}\Z")
-
-
-# Salt's cluster secret authenticates a joining master: as long as a random key, not a password.
-MIN_CLUSTER_SECRET = 32
-CLUSTER_SECRET_EXPECTED = (
-    f"a cluster secret of at least {MIN_CLUSTER_SECRET} characters (for example the output of "
-    "'openssl rand -hex 32'), from pillar targeted at the masters only"
-)
-# '': localfs_key with an isolated filesystem (see cluster_config), else Salt's default.
-KEY_CACHE_DRIVERS = ("", "localfs_key", "mmap_key")
-WILDCARDS = ("0.0.0.0", "::", "")
-PYTHON_INSTALLS = ("auto", "pkg", "pip")
-JOB_CACHE_PASSWORD_EXPECTED = (
-    "the database user's password, from pillar targeted at the masters' control minions only"
-)
-# lookup:master:<part>_install/_pkg/_pip: how each Python dependency of the master installs.
-PYTHON_DEPS = {"gitfs": "pygit2 for gitfs", "job_cache": "psycopg2 for the job cache"}
-_DB_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
-_CLUSTER_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
-_SHA256_HEX_RE = re.compile(r"[0-9a-fA-F]{64}\Z")
-
-
-class SettingsError(SaltInvocationError):
-    """
-    The ``multimaster`` pillar is not what the formula expects.
-    """
-
-
-def _is_secret(key):
-    under = any(key == path or key.startswith(f"{path}:") for path in _SECRET_PATHS)
-    return under or bool(_SECRET_KEY_RE.search(key))
-
-
-def _fail(key, value, expected):
-    shown = MASK if _is_secret(key) else json.dumps(value, default=str)
-    name = f"{ROOT}:{key}" if key else ROOT
-    raise SettingsError(f"{name}: got {shown}; expected {expected}")
-
-
-def _check_mapping(data, key, where=""):
-    name = f"{where}:{key}" if where else key
-    if not isinstance(data.get(key), dict):
-        _fail(name, data.get(key), "a mapping")
-
-
-def _check_bool(data, key, where):
-    if key in data and not isinstance(data[key], bool):
-        _fail(f"{where}:{key}", data[key], "true or false")
-
-
-def _check_int(data, key, where, minimum=0):
-    value = data.get(key)
-    if key in data and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
-        _fail(f"{where}:{key}", value, f"an integer >= {minimum}")
-
-
-def _check_port(value, key):
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        _fail(key, value, "an integer port between 1 and 65535")
-
-
-def _check_id(value, key):
-    try:
-        multimaster_ids.check_id(value, f"{ROOT}:{key}")
-    except SaltInvocationError as exc:
-        raise SettingsError(str(exc)) from None
-
-
-ROOTS_KEYS = ("file_roots", "pillar_roots")
 # Master options the formula renders only when pillar sets them (no default: a master.d key
 # replaces the master's own).
-OWN_MASTER_KEYS = ("interface", *ROOTS_KEYS, "fileserver_backend")
-# pillar multimaster:reactor switch -> (event tag, reactor SLS)
-REACTORS = {
-    "keys": ("salt/key", "salt://multimaster/reactor/keys.sls"),
-    "first_highstate": ("salt/minion/*/start", "salt://multimaster/reactor/first_highstate.sls"),
-}
+OWN_MASTER_KEYS = ("interface", *multimaster_pillarcheck.ROOTS_KEYS, "fileserver_backend")
 # Mode cluster with an isolated filesystem: hand a master's new cluster AES key to its peers.
 CLUSTER_AES_REACTOR = ("rotate_cluster_aes_key", "salt://multimaster/reactor/cluster_aes.sls")
-
-
-def _check_roots(roots, where):
-    if not isinstance(roots, dict) or not all(
-        isinstance(paths, list) and all(isinstance(p, str) and os.path.isabs(p) for p in paths)
-        for paths in roots.values()
-    ):
-        _fail(where, roots, "a mapping of environment to a list of absolute paths")
-
-
-def _check_master(index, master, seen):
-    where = f"masters[{index}]"
-    if not isinstance(master, dict):
-        _fail(where, master, "a mapping with at least 'id' and 'host'")
-    _check_id(master.get("id"), f"{where}:id")
-    host = master.get("host")
-    if not isinstance(host, str) or not host or any(c.isspace() for c in host):
-        _fail(f"{where}:host", host, "the hostname or IP address minions use")
-    _check_id(master.get("minion_id", master["id"]), f"{where}:minion_id")
-    for key in ("config_dir",):
-        if key in master and (not isinstance(master[key], str) or not os.path.isabs(master[key])):
-            _fail(f"{where}:{key}", master[key], "an absolute path")
-    pinned = master.get("minion_fingerprint")
-    if pinned is not None and (not isinstance(pinned, str) or not _FINGERPRINT_RE.match(pinned)):
-        _fail(
-            f"{where}:minion_fingerprint",
-            pinned,
-            "the control minion's key fingerprint as salt-run multimaster.status shows it "
-            "(SHA-256, 32 lower-case hex pairs joined by ':')",
-        )
-    for key in ROOTS_KEYS:
-        if key in master:
-            _check_roots(master[key], f"{where}:{key}")
-    if "interface" in master and not isinstance(master["interface"], str):
-        _fail(f"{where}:interface", master["interface"], "an IP address to bind")
-    for key, value in (
-        ("id", master["id"]),
-        ("host", host),
-        ("minion_id", master.get("minion_id", master["id"])),
-    ):
-        if value in seen[key]:
-            _fail(f"{where}:{key}", value, f"each master's {key} to be unique")
-        seen[key].add(value)
-
-
-def _validate_pillar(pillar):
-    """
-    Checks that need the operator's own input (before defaults hide what was given).
-    """
-    if not isinstance(pillar, dict):
-        _fail("", pillar, "a mapping")
-    mode = pillar.get("mode", "hot")
-    if mode not in MODES:
-        _fail("mode", mode, "one of " + ", ".join(MODES))
-    if mode != "failover":
-        for key in ("failover", "signing"):
-            if key in pillar:
-                _fail(
-                    key,
-                    pillar[key],
-                    f"no '{key}' section with mode {mode!r} (it only applies to mode 'failover')",
-                )
-    share = pillar.get("max_revoke_share", 0.1)
-    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
-        _fail("max_revoke_share", share, "a number > 0 and <= 1 (a share of accepted keys)")
-    masters = pillar.get("masters")
-    if not isinstance(masters, list) or not masters:
-        _fail("masters", masters, "a non-empty list of masters, the primary first")
-    seen = {"id": set(), "host": set(), "minion_id": set()}
-    for index, master in enumerate(masters):
-        _check_master(index, master, seen)
-
-
-def _validate_merged(settings):
-    for key in (
-        "ports",
-        "failover",
-        "signing",
-        "cluster",
-        "reactor",
-        "sse",
-        "job_cache",
-        "minion",
-        "master",
-        "lookup",
-    ):
-        _check_mapping(settings, key)
-    _validate_sse(settings)
-    _validate_job_cache(settings)
-    _check_reactor(settings["reactor"])
-    _check_mapping(settings["master"], "gitfs", "master")
-    _check_lookup(settings["lookup"])
-    for key in ("install_packages", "manage_services"):
-        if not isinstance(settings.get(key), bool):
-            _fail(key, settings.get(key), "true or false")
-    _check_ports(settings["ports"])
-    _check_failover(settings["failover"])
-    _check_signing(settings["signing"])
-    _validate_cluster(settings)
-    _check_minion(settings["minion"], settings["ports"])
-    _check_master_options(settings["master"])
-
-
-def _check_reactor(reactor):
-    for key in REACTORS:
-        _check_bool(reactor, key, "reactor")
-    _check_int(reactor, "first_highstate_window", "reactor", minimum=1)
-
-
-def _check_lookup(lookup):
-    for key in ("master", "minion"):
-        _check_mapping(lookup, key, "lookup")
-    for part, what in PYTHON_DEPS.items():
-        method = lookup["master"].get(f"{part}_install")
-        if method not in PYTHON_INSTALLS:
-            _fail(
-                f"lookup:master:{part}_install",
-                method,
-                "one of " + ", ".join(map(repr, PYTHON_INSTALLS)) + f" (how {what} installs)",
-            )
-    config_file = lookup.get("config_file")
-    if not isinstance(config_file, str) or not _CONFIG_FILE_RE.match(config_file):
-        _fail(
-            "lookup:config_file",
-            config_file,
-            "a file name ending in '.conf' (Salt only includes master.d/*.conf, minion.d/*.conf)",
-        )
-
-
-def _check_ports(ports):
-    for key in ("publish", "ret"):
-        _check_port(ports.get(key), f"ports:{key}")
-    if ports["publish"] == ports["ret"]:
-        _fail("ports", ports, "different publish and ret ports")
-
-
-def _check_failover(failover):
-    for key in ("failback_interval", "random_reauth_delay"):
-        _check_int(failover, key, "failover")
-    _check_int(failover, "alive_interval", "failover", minimum=1)
-    for key in ("failback", "shuffle"):
-        _check_bool(failover, key, "failover")
-
-
-def _check_signing(signing):
-    _check_bool(signing, "enabled", "signing")
-    if not signing["enabled"]:
-        return
-    try:
-        multimaster_keys.canonical(signing.get("public_key"), "signing:public_key")
-    except SaltInvocationError as exc:
-        _fail(
-            "signing:public_key",
-            signing.get("public_key"),
-            "the masters' master_sign.pub: one RSA 'PUBLIC KEY' PEM of >= 2048 bits "
-            f"when signing is enabled ({exc})",
-        )
-
-
-def _check_minion(minion, ports):
-    _check_int(minion, "retry_dns", "minion")
-    _check_int(minion, "master_tries", "minion", minimum=-1)
-    if minion.get("ipc_mode") not in IPC_MODES:
-        _fail("minion:ipc_mode", minion.get("ipc_mode"), "one of " + ", ".join(IPC_MODES))
-    if minion["ipc_mode"] != "tcp":
-        return
-    used = {ports["publish"], ports["ret"]}
-    for key in ("tcp_pub_port", "tcp_pull_port"):
-        _check_port(minion.get(key), f"minion:{key}")
-        if minion[key] in used:
-            _fail(
-                f"minion:{key}",
-                minion[key],
-                "a port not used by the masters or the other tcp port",
-            )
-        used.add(minion[key])
-
-
-def _check_master_options(master):
-    for key in ROOTS_KEYS:
-        if key in master:
-            _check_roots(master[key], f"master:{key}")
-    if "interface" in master and not isinstance(master["interface"], str):
-        _fail("master:interface", master["interface"], "an IP address to bind")
-    for key in ("acl", "config"):
-        if not isinstance(master.get(key), dict):
-            _fail(f"master:{key}", master.get(key), "a mapping of master options")
-    remotes = master["gitfs"].get("remotes")
-    if not isinstance(remotes, list):
-        _fail("master:gitfs:remotes", remotes, "a list of git remote URLs")
-    backends = master.get("fileserver_backend")
-    if "fileserver_backend" in master and not (
-        isinstance(backends, list)
-        and backends
-        and all(isinstance(name, str) and name.strip() for name in backends)
-    ):
-        _fail(
-            "master:fileserver_backend",
-            backends,
-            "a non-empty list of file server backend names, e.g. [roots] or [roots, gitfs]",
-        )
-
-
-def _validate_sse(settings):
-    sse = settings["sse"]
-    _check_bool(sse, "enabled", "sse")
-    if not sse["enabled"]:
-        return
-    if settings["mode"] == "cluster":
-        _fail(
-            "sse:enabled",
-            True,
-            "false with mode 'cluster' (the SSE options are for hot and failover sets)",
-        )
-    cluster_id = sse.get("cluster_id")
-    if not isinstance(cluster_id, str) or not _CLUSTER_ID_RE.match(cluster_id):
-        _fail(
-            "sse:cluster_id",
-            cluster_id,
-            "the name the SSE server knows this set of masters by (letters, digits, '_', '.', "
-            "'-'; at most 64)",
-        )
-
-
-def _validate_job_cache(settings):
-    job_cache = settings["job_cache"]
-    _check_bool(job_cache, "enabled", "job_cache")
-    if not job_cache["enabled"]:
-        return
-    if job_cache.get("returner") not in multimaster_jobcache.RETURNERS:
-        _fail(
-            "job_cache:returner",
-            job_cache.get("returner"),
-            "one of "
-            + ", ".join(map(repr, multimaster_jobcache.RETURNERS))
-            + " (the formula's returner: Salt's pgjsonb takes its connection options from a"
-            " minion's return)",
-        )
-    host = job_cache.get("host")
-    if not isinstance(host, str) or not host or any(c.isspace() for c in host):
-        _fail("job_cache:host", host, "the PostgreSQL server's hostname or IP address")
-    _check_port(job_cache.get("port"), "job_cache:port")
-    for key in ("db", "user"):
-        if not isinstance(job_cache.get(key), str) or not _DB_NAME_RE.match(job_cache[key]):
-            _fail(
-                f"job_cache:{key}",
-                job_cache.get(key),
-                "a PostgreSQL name (letters, digits, _; at most 63)",
-            )
-    # Empty is allowed here: only the masters' control minions see it (job_cache_config checks).
-    if not isinstance(job_cache.get("password"), str):
-        _fail("job_cache:password", job_cache.get("password"), JOB_CACHE_PASSWORD_EXPECTED)
-    _check_int(job_cache, "connect_timeout", "job_cache", minimum=1)
-    _validate_job_cache_tls(job_cache)
-    _check_bool(job_cache, "create_schema", "job_cache")
-
-
-def _validate_job_cache_tls(job_cache):
-    """
-    The masters hand the database the password: only over TLS, and only to a server that proves
-    it is the database (its certificate, ``verify-full``) or that knows the password itself
-    (SCRAM with ``channel_binding: require``, which also refuses a cleartext password request).
-    """
-    sslmode = job_cache.get("sslmode")
-    if sslmode not in multimaster_jobcache.TLS_MODES:
-        _fail(
-            "job_cache:sslmode",
-            sslmode,
-            "one of libpq's sslmode values that require TLS: "
-            + ", ".join(multimaster_jobcache.TLS_MODES)
-            + " (disable, allow and prefer may send the password without TLS)",
-        )
-    binding = job_cache.get("channel_binding")
-    if binding not in multimaster_jobcache.CHANNEL_BINDINGS:
-        _fail(
-            "job_cache:channel_binding",
-            binding,
-            "one of libpq's channel_binding values: "
-            + ", ".join(multimaster_jobcache.CHANNEL_BINDINGS),
-        )
-    if binding != "require" and sslmode != "verify-full":
-        _fail(
-            "job_cache:channel_binding",
-            binding,
-            f"'require' with sslmode {sslmode!r} (SCRAM bound to the TLS channel), or sslmode "
-            "'verify-full' (the server's certificate checked against sslrootcert and the host "
-            "name): otherwise whatever answers at the host can ask the masters for the password",
-        )
-    rootcert = job_cache.get("sslrootcert")
-    if not isinstance(rootcert, str) or not (rootcert in ("", "system") or os.path.isabs(rootcert)):
-        _fail(
-            "job_cache:sslrootcert",
-            rootcert,
-            "'' (libpq's default, ~/.postgresql/root.crt of the masters' user), 'system' (the "
-            "system's CA store, libpq 16 or newer) or the absolute path of the CA certificate "
-            "file on the masters",
-        )
-
-
-def _validate_cluster(settings):
-    cluster = settings["cluster"]
-    _check_mapping(cluster, "haproxy", "cluster")
-    _check_mapping(settings["lookup"], "haproxy", "lookup")
-    _check_port(cluster.get("pool_port"), "cluster:pool_port")
-    _check_bool(cluster, "isolated_filesystem", "cluster")
-    _check_int(cluster, "publish_session", "cluster", minimum=1)
-    driver = cluster.get("keys_cache_driver")
-    if driver not in KEY_CACHE_DRIVERS:
-        _fail(
-            "cluster:keys_cache_driver", driver, "one of " + ", ".join(map(repr, KEY_CACHE_DRIVERS))
-        )
-    secret = cluster.get("secret")
-    if not isinstance(secret, str) or (secret and len(secret) < MIN_CLUSTER_SECRET):
-        _fail("cluster:secret", secret, CLUSTER_SECRET_EXPECTED)
-    _check_haproxy(cluster["haproxy"])
-    if settings["mode"] != "cluster":
-        return
-    _check_cluster_mode(cluster, settings["ports"])
-    for index, master in enumerate(settings["masters"]):
-        _check_cluster_master(f"masters[{index}]", master)
-
-
-def _check_haproxy(haproxy):
-    for key in ("check_interval", "connect_timeout", "maxconn"):
-        _check_int(haproxy, key, "cluster:haproxy", minimum=1)
-    if not isinstance(haproxy.get("config_file"), str) or not os.path.isabs(haproxy["config_file"]):
-        _fail("cluster:haproxy:config_file", haproxy.get("config_file"), "an absolute path")
-    pidfile = haproxy.get("pidfile")
-    if not isinstance(pidfile, str) or (pidfile and not os.path.isabs(pidfile)):
-        _fail(
-            "cluster:haproxy:pidfile",
-            pidfile,
-            "'' (HAProxy runs as the system service) or an absolute path",
-        )
-
-
-def _check_cluster_mode(cluster, ports):
-    balancer = cluster.get("balancer")
-    if not isinstance(balancer, str) or not balancer or any(c.isspace() for c in balancer):
-        _fail(
-            "cluster:balancer",
-            balancer,
-            "the load balancer address minions use in mode 'cluster' (HAProxy binds it)",
-        )
-    if not isinstance(cluster.get("id"), str) or not _CLUSTER_ID_RE.match(cluster["id"]):
-        _fail("cluster:id", cluster.get("id"), "the cluster_id: letters, digits, '_', '.', '-'")
-    if cluster.get("pki_dir") and not os.path.isabs(cluster["pki_dir"]):
-        _fail("cluster:pki_dir", cluster["pki_dir"], "'' or an absolute path")
-    if cluster["pool_port"] in (ports["publish"], ports["ret"]):
-        _fail(
-            "cluster:pool_port", cluster["pool_port"], "a port other than the publish and ret ports"
-        )
-
-
-def _check_cluster_master(where, master):
-    address = cluster_address(master)
-    if address in WILDCARDS:
-        _fail(
-            f"{where}:interface",
-            address,
-            "the master's own address in mode 'cluster' (its Raft node id and the address "
-            "its peers dial): not a wildcard",
-        )
-    if master["id"] != address:
-        _fail(
-            f"{where}:id",
-            master["id"],
-            f"the master's own address {address!r} in mode 'cluster': Salt names a cluster "
-            "peer by its id and dials it by the same string, so id, interface and the "
-            "peers' cluster_peers must agree",
-        )
-    _check_cluster_peers(where, master.get("cluster_peers"), address)
-    pinned = master.get("cluster_pub_fingerprint")
-    if pinned is not None and (not isinstance(pinned, str) or not _SHA256_HEX_RE.match(pinned)):
-        _fail(
-            f"{where}:cluster_pub_fingerprint",
-            pinned,
-            "the SHA-256 hex digest (64 hex digits) of the cluster's cluster.pub PEM",
-        )
-    if master.get("cluster_pki_dir") is not None and not (
-        isinstance(master["cluster_pki_dir"], str) and os.path.isabs(master["cluster_pki_dir"])
-    ):
-        _fail(f"{where}:cluster_pki_dir", master["cluster_pki_dir"], "an absolute path")
-
-
-def _check_cluster_peers(where, peers, address):
-    if peers is not None and (
-        not isinstance(peers, list)
-        or not peers
-        or not all(isinstance(p, str) and p and p != address for p in peers)
-    ):
-        _fail(
-            f"{where}:cluster_peers",
-            peers,
-            "a non-empty list of the other masters' addresses (a joining master may name one)",
-        )
 
 
 def build(pillar, defaults):
@@ -515,11 +33,11 @@ def build(pillar, defaults):
 
     Returns the merged settings; masters get ``minion_id`` filled in. Raises ``SettingsError``.
     """
-    _validate_pillar(pillar)
+    multimaster_pillarcheck.check_pillar(pillar)
     settings = salt.utils.dictupdate.update(
         copy.deepcopy(defaults), copy.deepcopy(pillar), recursive_update=True
     )
-    _validate_merged(settings)
+    multimaster_pillarcheck.check_merged(settings)
     for master in settings["masters"]:
         master.setdefault("minion_id", master["id"])
     return settings
@@ -535,7 +53,7 @@ def redacted_settings(settings):
         # master:config options are copied flat into the derived master.d options.
         for key in settings["master"]["config"]:
             if key in derived:
-                derived[key] = MASK
+                derived[key] = multimaster_pillarcheck.MASK
     return out
 
 
@@ -550,8 +68,9 @@ def redacted(data, path=""):
     if isinstance(data, dict):
         return {
             key: (
-                MASK
-                if _is_secret(f"{path}{key}") and not isinstance(value, (dict, list))
+                multimaster_pillarcheck.MASK
+                if multimaster_pillarcheck.is_secret(f"{path}{key}")
+                and not isinstance(value, (dict, list))
                 else redacted(value, f"{path}{key}:")
             )
             for key, value in data.items()
@@ -559,7 +78,7 @@ def redacted(data, path=""):
     if isinstance(data, list):
         return [redacted(item, path) for item in data]
     if isinstance(data, str):
-        return _URL_USERINFO_RE.sub(MASK + "@", data)
+        return _URL_USERINFO_RE.sub(multimaster_pillarcheck.MASK + "@", data)
     return data
 
 
@@ -618,7 +137,7 @@ def control_master(pillar, minion_opts):
         The control minion's opts (its ``id`` and ``conf_file``).
     """
     try:
-        section = check_section(pillar)
+        section = multimaster_pillarcheck.check_section(pillar)
     except SaltInvocationError as exc:
         raise CommandExecutionError(f"{minion_opts['id']}: {exc}") from None
     master = local_master(section, minion_opts["id"], os.path.dirname(minion_opts["conf_file"]))
@@ -648,19 +167,6 @@ def runner_section(settings):
             for key, value in settings["cluster"].items()
             if key != "secret"
         }
-    return section
-
-
-def check_section(section):
-    """
-    Validate the ``multimaster`` section a runner reads from the master's config (or kwargs);
-    returns it with ``minion_id`` filled in. Raises ``SettingsError``.
-    """
-    _validate_pillar(section)
-    section = copy.deepcopy(section)
-    for master in section["masters"]:
-        master.setdefault("minion_id", master["id"])
-    section.setdefault("ports", {"publish": 4505, "ret": 4506})
     return section
 
 
@@ -698,7 +204,7 @@ def fileserver_backends(backends, gitfs=False):
 def python_install(settings, part, salt_install):
     """
     How ``multimaster.master`` installs the Python dependency ``part`` (a key of
-    ``PYTHON_DEPS``): ``pkg`` (``lookup:master:<part>_pkg``) or ``pip``
+    ``multimaster_pillarcheck.PYTHON_DEPS``): ``pkg`` (``lookup:master:<part>_pkg``) or ``pip``
     (``lookup:master:<part>_pip`` with Salt's own pip). ``auto`` picks ``pkg`` only for a
     distro-packaged Salt on the system Python: onedir Salt never sees the system's packages.
 
@@ -725,17 +231,11 @@ def python_deps(settings, salt_install):
         "job_cache": settings["job_cache"]["enabled"],
     }
     deps = []
-    for part in PYTHON_DEPS:
+    for part in multimaster_pillarcheck.PYTHON_DEPS:
         if wanted[part]:
             method = python_install(settings, part, salt_install)
             name = settings["lookup"]["master"][f"{part}_{method}"]
-            if not isinstance(name, str) or not name:
-                _fail(
-                    f"lookup:master:{part}_{method}",
-                    name,
-                    f"the name of the package of {PYTHON_DEPS[part]} (this os_family has none "
-                    "in parameters/os_family/: set it in pillar)",
-                )
+            multimaster_pillarcheck.check_package_name(part, method, name)
             deps.append({"part": part.replace("_", "-"), "method": method, "name": name})
     return deps
 
@@ -752,8 +252,7 @@ def job_cache_config(settings):
     job_cache = settings["job_cache"]
     if not job_cache["enabled"]:
         return None
-    if not job_cache["password"]:
-        _fail("job_cache:password", job_cache["password"], JOB_CACHE_PASSWORD_EXPECTED)
+    multimaster_pillarcheck.check_job_cache_password(job_cache)
     return multimaster_jobcache.master_options(job_cache)
 
 
@@ -774,7 +273,11 @@ def reactor_config(settings):
         The merged ``multimaster`` settings.
     """
     reactor = settings["reactor"]
-    reactors = [{tag: [sls]} for key, (tag, sls) in REACTORS.items() if reactor.get(key)]
+    reactors = [
+        {tag: [sls]}
+        for key, (tag, sls) in multimaster_pillarcheck.REACTORS.items()
+        if reactor.get(key)
+    ]
     if shares_cluster_aes(settings):
         tag, sls = CLUSTER_AES_REACTOR
         reactors.append({tag: [sls]})
@@ -797,7 +300,7 @@ def master_config(settings, master, own=None):
     config = {
         "publish_port": settings["ports"]["publish"],
         "ret_port": settings["ports"]["ret"],
-        ROOT: runner_section(settings),
+        multimaster_pillarcheck.ROOT: runner_section(settings),
     }
     interface = _interface(settings, master)
     if interface:
@@ -807,7 +310,7 @@ def master_config(settings, master, own=None):
         # defaults to the hostname: unset, the peers never find their entry and never form.
         config["id"] = interface
     # A master's own roots (masters sharing a host need different paths) win.
-    for key in ROOTS_KEYS:
+    for key in multimaster_pillarcheck.ROOTS_KEYS:
         if key in master or key in section:
             config[key] = master.get(key, section.get(key))
     # Identical on every master: masters with different ACLs each hold independent control.
@@ -844,7 +347,7 @@ def _interface(settings, master):
     peers dial) or pillar names one; None leaves the master's own setting alone.
     """
     if settings["mode"] == "cluster":
-        return cluster_address(master)
+        return multimaster_pillarcheck.cluster_address(master)
     return master.get("interface") or settings["master"].get("interface")
 
 
@@ -863,7 +366,7 @@ def minion_config(settings, local_master=None):
     mode = settings["mode"]
     minion = settings["minion"]
     if mode == "cluster" and local_master:
-        hosts = [cluster_address(local_master)]
+        hosts = [multimaster_pillarcheck.cluster_address(local_master)]
     elif mode == "cluster":
         hosts = [settings["cluster"]["balancer"]]
     else:
@@ -901,17 +404,6 @@ def minion_config(settings, local_master=None):
     return config
 
 
-def cluster_address(master):
-    """
-    The address a cluster master binds and its peers dial: its ``interface``, else its ``host``.
-    Salt's Raft uses it as the master's node id.
-
-    master
-        An entry of ``settings["masters"]``.
-    """
-    return master.get("interface") or master["host"]
-
-
 def cluster_config(settings, master, pki_dir):
     """
     The cluster options of ``master`` (an entry of ``settings["masters"]``), ``cluster_secret``
@@ -921,25 +413,15 @@ def cluster_config(settings, master, pki_dir):
     pki_dir
         That master's ``pki_dir``; ``cluster_pki_dir`` defaults to ``cluster`` beside it.
     """
-    if not multimaster_saltcompat.can_cluster():
-        _fail(
-            "mode",
-            "cluster",
-            f"'hot' or 'failover': Salt {multimaster_saltcompat.salt_version()} on this master "
-            "has no native master cluster (Salt 3007 or newer)",
-        )
     cluster = settings["cluster"]
-    secret = cluster["secret"]
-    if not isinstance(secret, str) or len(secret) < MIN_CLUSTER_SECRET:
-        _fail("cluster:secret", secret, CLUSTER_SECRET_EXPECTED)
-    address = cluster_address(master)
+    multimaster_pillarcheck.check_cluster_host(cluster)
+    address = multimaster_pillarcheck.cluster_address(master)
     peers = master.get("cluster_peers") or [
-        cluster_address(other) for other in settings["masters"] if other is not master
+        multimaster_pillarcheck.cluster_address(other)
+        for other in settings["masters"]
+        if other is not master
     ]
-    if not peers:
-        _fail(
-            "masters", [m["id"] for m in settings["masters"]], "at least two masters in a cluster"
-        )
+    multimaster_pillarcheck.check_cluster_peers_found(settings["masters"], peers)
     config = {
         "cluster_id": cluster["id"],
         "cluster_peers": [peer for peer in peers if peer != address],
@@ -950,7 +432,7 @@ def cluster_config(settings, master, pki_dir):
         "cluster_isolated_filesystem": cluster["isolated_filesystem"],
         # The balancer's publish timeouts are the same value (haproxy_config).
         "publish_session": cluster["publish_session"],
-        "cluster_secret": secret,
+        "cluster_secret": cluster["secret"],
     }
     # Salt recommends mmap_key with an isolated filesystem, but 3008.3's cluster join reads
     # pki_dir/master.pub as a file, which mmap_key never writes: a joining master crashes on

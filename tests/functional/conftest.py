@@ -169,6 +169,7 @@ def salt_env(tmp_path_factory, formula_root):
     assert "modules.multimaster" in result["modules"], result
     assert "states.multimaster" in result["states"], result
     assert "utils.multimaster_settings" in result["utils"], result
+    assert "utils.multimaster_pillarcheck" in result["utils"], result
     assert "utils.multimaster_safefs" in result["utils"], result
     assert "returners.multimaster_pgjsonb" in result["returners"], result
     return new

@@ -122,6 +122,7 @@ def test_spm_build_and_install(spm):
         "multimaster/_modules/multimaster.py",
         "multimaster/_states/multimaster.py",
         "multimaster/_utils/multimaster_settings.py",
+        "multimaster/_utils/multimaster_pillarcheck.py",
         "multimaster/_fileserver/multimaster.py",
         "multimaster/_returners/multimaster_pgjsonb.py",
     ):
@@ -140,6 +141,7 @@ def test_spm_build_and_install(spm):
         "_modules/multimaster.py",
         "_states/multimaster.py",
         "_utils/multimaster_settings.py",
+        "_utils/multimaster_pillarcheck.py",
         "_fileserver/multimaster.py",
         "_returners/multimaster_pgjsonb.py",
     ):

@@ -10,7 +10,7 @@ import pwd
 import socket
 import time
 
-import multimaster_settings
+import multimaster_pillarcheck
 import pytest
 import salt.utils.yaml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -162,7 +162,7 @@ def test_a_family_without_parameters_asks_for_the_package_name(mod, pillar, para
     mod.__grains__["os_family"] = "Gentoo"
     pillar["multimaster"]["job_cache"] = {"enabled": True, "host": "db", "password": "pw"}
     pillar["multimaster"]["lookup"] = {"master": {"job_cache_install": "pkg"}}
-    with pytest.raises(multimaster_settings.SettingsError, match="lookup:master:job_cache_pkg"):
+    with pytest.raises(multimaster_pillarcheck.SettingsError, match="lookup:master:job_cache_pkg"):
         mod.settings()
 
 
@@ -175,10 +175,10 @@ def test_missing_defaults_file_is_an_error(mod):
 def test_bad_pillar_raises_naming_the_key(mod, pillar, defaults):
     pillar["multimaster"]["mode"] = "standby"
     with pytest.raises(
-        multimaster_settings.SettingsError, match=r'^multimaster:mode: got "standby"'
+        multimaster_pillarcheck.SettingsError, match=r'^multimaster:mode: got "standby"'
     ):
         mod.validate(defaults)
-    with pytest.raises(multimaster_settings.SettingsError):
+    with pytest.raises(multimaster_pillarcheck.SettingsError):
         mod.minion_config(defaults)
 
 

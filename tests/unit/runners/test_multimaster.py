@@ -15,10 +15,10 @@ import multimaster_control
 import multimaster_daemon
 import multimaster_keystore
 import multimaster_keysync
+import multimaster_pillarcheck
 import multimaster_reactions
 import multimaster_returns
 import multimaster_seal
-import multimaster_settings
 import multimaster_settle
 import pytest
 import salt.client
@@ -1115,7 +1115,7 @@ def test_cluster_ready_refuses_outside_mode_cluster(runner, use):
 @pytest.mark.parametrize("function", ["cluster_ready", "share_peer_keys"])
 def test_a_malformed_section_is_refused(runner, monkeypatch, function):
     def broken(*_, **__):
-        raise multimaster_settings.SettingsError("multimaster:mode: got 'x'; expected ...")
+        raise multimaster_pillarcheck.SettingsError("multimaster:mode: got 'x'; expected ...")
 
     monkeypatch.setattr(multimaster_control, "section", broken)
     ret = getattr(runner, function)()

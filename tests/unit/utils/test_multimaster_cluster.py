@@ -11,6 +11,7 @@ import time
 
 import multimaster_cluster as mc
 import multimaster_haproxy as mh
+import multimaster_pillarcheck
 import multimaster_settings as ms
 import pytest
 import salt.config
@@ -64,7 +65,7 @@ def test_shared_filesystem_keeps_salts_key_driver_and_a_joiner_pins_the_cluster_
 def test_a_master_without_a_proper_secret_is_refused(defaults, secret):
     settings = cluster(defaults)
     settings["cluster"]["secret"] = secret
-    with pytest.raises(ms.SettingsError) as err:
+    with pytest.raises(multimaster_pillarcheck.SettingsError) as err:
         ms.cluster_config(settings, settings["masters"][0], "/etc/salt/pki/master")
     assert str(err.value).startswith("multimaster:cluster:secret: got **********")
     assert "at least 32 characters" in str(err.value)

@@ -7,6 +7,7 @@ import json
 import socket
 
 import multimaster_jobcache as jobcache
+import multimaster_pillarcheck
 import multimaster_settings
 import pytest
 
@@ -82,7 +83,9 @@ def test_only_a_master_needs_the_password(defaults):
     section = dict(SECTION, job_cache=dict(SECTION["job_cache"], password=""))
     settings = multimaster_settings.build(section, defaults)
     assert multimaster_settings.minion_config(settings)["master"] == ["10.0.3.61", "10.0.3.230"]
-    with pytest.raises(multimaster_settings.SettingsError, match="multimaster:job_cache:password"):
+    with pytest.raises(
+        multimaster_pillarcheck.SettingsError, match="multimaster:job_cache:password"
+    ):
         multimaster_settings.job_cache_config(settings)
 
 
@@ -105,9 +108,9 @@ def test_the_password_is_masked_in_settings_returns(settings):
     settings["config"] = {"job_cache": multimaster_settings.job_cache_config(settings)}
     shown = multimaster_settings.redacted_settings(settings)
     assert PASSWORD not in json.dumps(shown)
-    assert shown["job_cache"]["password"] == multimaster_settings.MASK
+    assert shown["job_cache"]["password"] == multimaster_pillarcheck.MASK
     assert shown["config"]["job_cache"]["multimaster_pgjsonb"]["password"] == (
-        multimaster_settings.MASK
+        multimaster_pillarcheck.MASK
     )
     assert shown["config"]["job_cache"]["multimaster_pgjsonb"]["host"] == "db.example.com"
 

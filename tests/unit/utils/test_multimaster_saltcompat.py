@@ -11,6 +11,7 @@ import sys
 
 import multimaster_keystore as ks
 import multimaster_masterkeyfiles as mkf
+import multimaster_pillarcheck
 import multimaster_saltcompat as layout
 import multimaster_settings
 import pytest
@@ -78,7 +79,7 @@ def test_an_installed_pair_is_what_the_running_salt_loads(tmp_path):
 def test_cluster_mode_is_refused_where_salt_has_no_cluster(monkeypatch):
     monkeypatch.setattr(layout, "can_cluster", lambda: False)
     settings = {"cluster": {"secret": "s" * 64}, "masters": []}
-    with pytest.raises(multimaster_settings.SettingsError, match="Salt 3007 or newer"):
+    with pytest.raises(multimaster_pillarcheck.SettingsError, match="Salt 3007 or newer"):
         multimaster_settings.cluster_config(settings, {}, "/etc/salt/pki/master")
 
 
@@ -124,7 +125,7 @@ def test_python_deps_go_where_the_masters_python_sees_it(
     monkeypatch.setattr(layout.os.path, "realpath", lambda path: path)
     monkeypatch.setattr(layout.salt, "__file__", f"{salt_dir}/__init__.py")
     assert layout.salt_install() == install
-    for part in multimaster_settings.PYTHON_DEPS:
+    for part in multimaster_pillarcheck.PYTHON_DEPS:
         settings = {"lookup": {"master": {f"{part}_install": "auto"}}}
         assert multimaster_settings.python_install(settings, part, install) == gitfs
         settings["lookup"]["master"][f"{part}_install"] = "pkg"

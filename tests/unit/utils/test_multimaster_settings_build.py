@@ -4,8 +4,10 @@ configuration each mode implies.
 """
 
 import copy
+import json
 import pathlib
 
+import multimaster_pillarcheck
 import multimaster_settings as ms
 import pytest
 
@@ -114,7 +116,7 @@ def test_reactors_are_rendered_only_when_pillar_asks(defaults):
         {"salt/key": ["salt://multimaster/reactor/keys.sls"]},
         {"salt/minion/*/start": ["salt://multimaster/reactor/first_highstate.sls"]},
     ]
-    for _, sls in ms.REACTORS.values():
+    for _, sls in multimaster_pillarcheck.REACTORS.values():
         assert (REPO_ROOT / sls.removeprefix("salt://")).is_file(), sls
 
 
@@ -245,7 +247,7 @@ def test_fileserver_backends_come_from_pillar_in_order_once(defaults):
 
 @pytest.mark.parametrize("backends", [[], "roots", ["roots", ""], ["roots", 3], None])
 def test_a_bad_fileserver_backend_list_is_refused_by_name(defaults, backends):
-    with pytest.raises(ms.SettingsError, match="master:fileserver_backend"):
+    with pytest.raises(multimaster_pillarcheck.SettingsError, match="master:fileserver_backend"):
         build(defaults, master={"fileserver_backend": backends})
 
 
@@ -280,3 +282,29 @@ def test_every_mode_builds_with_minimal_pillar(defaults, mode):
     assert settings["mode"] == mode
     assert ms.minion_config(settings)["master"]
     assert ms.master_config(settings, ms.primary(settings))["multimaster"]["mode"] == mode
+
+
+def test_redacted_settings_mask_secrets_but_keep_the_shape(defaults):
+    settings = build(
+        defaults,
+        master={
+            "config": {"ext_pillar_password": "hunter2", "worker_threads": 9},
+            "gitfs": {"remotes": ["https://deploy:s3cret@git.example.com/f.git"]},
+        },
+    )
+    master = settings["masters"][0]
+    settings["config"] = {"master": ms.master_config(settings, master)}
+    shown = ms.redacted_settings(settings)
+    text = json.dumps(shown)
+    assert "hunter2" not in text and "s3cret" not in text
+    assert shown["master"]["config"] == {
+        "ext_pillar_password": multimaster_pillarcheck.MASK,
+        "worker_threads": multimaster_pillarcheck.MASK,
+    }
+    assert shown["config"]["master"]["ext_pillar_password"] == multimaster_pillarcheck.MASK
+    assert shown["master"]["gitfs"]["remotes"] == [
+        f"https://{multimaster_pillarcheck.MASK}@git.example.com/f.git"
+    ]
+    assert shown["masters"] == settings["masters"]
+    # The settings themselves are untouched: templates still render the real values.
+    assert settings["master"]["config"]["ext_pillar_password"] == "hunter2"
