@@ -29,8 +29,9 @@ def salt_factories_config(tmp_path_factory):
     """
     Keep every daemon's root under this run's pytest temp dir. Stop daemons with SIGKILL: the
     factories' graceful stop waits up to 2 s per process, one after another (a master has about
-    twenty), and nothing here needs a clean exit (no coverage data to flush). Tests that stop a
-    daemon to test a graceful stop do it themselves.
+    twenty), and nothing here needs a clean exit (no coverage data to flush). A test that stops
+    a daemon mid-test (to restart it, or to take its host down) stops it the same way: as a host
+    that dies would.
     """
     return {
         "root_dir": tmp_path_factory.mktemp("daemons"),
