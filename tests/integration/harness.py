@@ -25,8 +25,28 @@ if str(REPO_ROOT) not in sys.path:
 
 from toolkit import devkit  # noqa: E402
 
-# The publish/ret pair every master of one test module binds (each on its own address).
-Ports = devkit.Ports
+# Added to every test module's ports: runs of the suite side by side (one per Salt line, see
+# the Makefile's test-compat) must not bind the same loopback ports.
+PORT_OFFSET_VARIABLE = "MULTIMASTER_TEST_PORT_OFFSET"
+
+
+def Ports(publish, ret):
+    """
+    The publish/ret pair every master of one test module binds (each on its own address),
+    shifted by ``$MULTIMASTER_TEST_PORT_OFFSET`` (default 0).
+    """
+    offset = port_offset()
+    return devkit.Ports(publish=publish + offset, ret=ret + offset)
+
+
+def port_offset():
+    """The integer in ``$MULTIMASTER_TEST_PORT_OFFSET``, 0 when unset."""
+    value = os.environ.get(PORT_OFFSET_VARIABLE, "0")
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{PORT_OFFSET_VARIABLE}={value!r}: expected an integer") from None
+
 
 MASTER_HOSTS = ("127.0.0.2", "127.0.0.3")
 START_TIMEOUT = 90

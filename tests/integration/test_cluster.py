@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 
 PREFIX = "cl"
 PORTS = Ports(publish=30180, ret=30181)
-POOL_PORT = 30182
+POOL_PORT = 30182 + harness.port_offset()
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 BALANCER = "127.0.0.5"
 JOINER = "127.0.0.6"

@@ -32,6 +32,7 @@ from .harness import (
     formula_master_options,
     master_entry,
     multimaster_pillar,
+    port_offset,
     wait_for,
     wait_for_ping,
 )
@@ -40,9 +41,9 @@ pytestmark = pytest.mark.integration
 
 PREFIX = "jc"
 PORTS = Ports(publish=30190, ret=30191)
-DB_HOST, DB_PORT = "127.0.0.9", 30192
+DB_HOST, DB_PORT = "127.0.0.9", 30192 + port_offset()
 # Where a minion's forged return asks the master to connect: a listener that records who comes.
-DECOY_HOST, DECOY_PORT = "127.0.0.11", 30194
+DECOY_HOST, DECOY_PORT = "127.0.0.11", 30194 + port_offset()
 PASSWORD = f"jc-password-{secrets.token_hex(8)}"
 MINION = "jc-minion"
 CONFIG_FILE = "multimaster-job-cache.conf"
