@@ -304,10 +304,7 @@ def verify_master_key(host, port, pub, sign_pub=None, timeout=30):
 
         salt master1 multimaster_peer.verify_master_key 127.0.0.3 4506 "$(cat master.pub)"
     """
-    ok, reason = multimaster_masterkey.verify_served(
-        __opts__, host, int(port), pub, sign_pub, timeout=float(timeout)
-    )
-    return {"served": ok, "reason": reason}
+    return multimaster_masterkey.served_report(__opts__, host, port, pub, sign_pub, timeout)
 
 
 @_signed_answer

@@ -9,24 +9,15 @@ balancer of a master cluster: a configuration HAProxy refuses never replaces the
 ``master.d`` files that may hold a secret, computed at run time (``multimaster_local``): the
 execution module's returns and the rendered SLS only ever see them masked.
 ``job_cache_returner_installed`` puts the formula's job cache returner where the master loads
-it; ``job_cache_schema_present`` prepares the shared job cache database.
+it; ``job_cache_schema_present`` prepares the shared job cache database. What a state does beyond
+one execution-module call (writing files, their owners) is in ``multimaster_states``.
 """
 
-import difflib
-import hashlib
-import os
-import pwd
-import stat
-
-import salt.utils.yaml
 from salt.exceptions import CommandExecutionError
 
 try:
     import multimaster_haproxy
-    import multimaster_jobcache
-    import multimaster_keys
-    import multimaster_local
-    import multimaster_safefs
+    import multimaster_states
 
     HAS_UTILS = True
 except ImportError:
@@ -211,40 +202,9 @@ def master_key_served(name, fingerprint, signing=False):
           multimaster.master_key_served:
             - fingerprint: 'e1:b9:...:94'
     """
-    ret = {"name": name, "result": False, "changes": {}, "comment": ""}
-    info = __salt__["multimaster_peer.master_key_info"](signing=signing)
-    stored = multimaster_keys.fingerprint(info["pub"]) if info["pub"] else None
-    if stored != fingerprint:
-        ret["comment"] = (
-            f"{info['name']} has fingerprint {stored}, not {fingerprint}: "
-            "run salt-run multimaster.sync_master_key on the primary"
-        )
-        return ret
-    local = __salt__["multimaster.settings"]()
-    host, port = local["local"]["master"]["host"], local["ports"]["ret"]
-    master_pub, sign_pub = (info["own_pub"], info["pub"]) if signing else (info["pub"], None)
-    verify = __salt__["multimaster_peer.verify_master_key"]
-    check = verify(host, port, master_pub, sign_pub, timeout=5)
-    if check["served"]:
-        ret.update(result=True, comment=f"The master serves {fingerprint}")
-        return ret
-    if __opts__["test"]:
-        ret.update(
-            result=None,
-            comment=f"The master does not serve {fingerprint} ({check['reason']}); "
-            "it would be restarted",
-        )
-        return ret
-    restarted = __salt__["multimaster.restart_master_now"]()
-    check = verify(host, port, master_pub, sign_pub, timeout=60)
-    ret["changes"] = {"restarted": restarted}
-    ret["result"] = check["served"]
-    ret["comment"] = (
-        f"Restarted; the master now serves {fingerprint}"
-        if check["served"]
-        else f"Restarted, but the master still does not serve {fingerprint}: {check['reason']}"
+    return multimaster_states.master_key_served_ret(
+        name, fingerprint, signing, __salt__, __opts__["test"]
     )
-    return ret
 
 
 def haproxy_configured(name):
@@ -265,25 +225,8 @@ def haproxy_configured(name):
           multimaster.haproxy_configured:
             - name: /etc/haproxy/haproxy.cfg
     """
-    ret = {"name": name, "result": True, "changes": {}, "comment": ""}
     text = __salt__["multimaster.haproxy_config"]()
-    current = multimaster_haproxy.read(name)
-    if current == text:
-        ret["comment"] = f"{name} is up to date"
-        return ret
-    diff = "".join(
-        difflib.unified_diff((current or "").splitlines(True), text.splitlines(True), name, name)
-    )
-    if __opts__["test"]:
-        ret.update(result=None, changes={"diff": diff}, comment=f"{name} would be updated")
-        return ret
-    try:
-        multimaster_haproxy.install(name, text)
-    except CommandExecutionError as exc:
-        ret.update(result=False, comment=str(exc))
-        return ret
-    ret.update(changes={"diff": diff}, comment=f"{name} updated (haproxy -c accepted it)")
-    return ret
+    return multimaster_states.haproxy_config_ret(name, text, __opts__["test"])
 
 
 def haproxy_running(name, pidfile, reload=False):
@@ -332,72 +275,16 @@ def haproxy_running(name, pidfile, reload=False):
 
 
 def _configs():
-    """
-    This host's config files with the secrets in clear (never returned, never a state argument).
-    """
-    return multimaster_local.settings(__salt__, __opts__, __grains__, __context__)["config"]
-
-
-def _is_current(name, data, mode, owner):
-    """
-    ``name`` is a regular file (not a link) holding ``data``, of ``mode``, owned by ``owner``
-    (a ``pwd`` entry; None: any owner).
-    """
-    try:
-        st = os.lstat(name)
-    except FileNotFoundError:
-        return False
-    return (
-        stat.S_ISREG(st.st_mode)
-        and st.st_mode & 0o777 == mode
-        and (owner is None or (st.st_uid, st.st_gid) == (owner.pw_uid, owner.pw_gid))
-        and (multimaster_safefs.sha256_file(name) == hashlib.sha256(data).hexdigest())
-    )
-
-
-def _write_owned(name, data, mode, owner):
-    """
-    Write ``data`` to ``name`` with ``mode``, owned by ``owner`` (None: left to this process):
-    staged beside it, fsync'd, renamed; never through a link. Raises ``OSError``.
-    """
-    directory, base = os.path.split(name)
-    multimaster_safefs.write_file(directory, base, [data], mode)
-    if owner is not None:
-        os.chown(name, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
+    return multimaster_states.host_configs(__salt__, __opts__, __grains__, __context__)
 
 
 def _secret_config_managed(name, part, user):
     """
-    Keep ``name`` a 0600 file owned by ``user`` that holds this host's ``part`` config, computed
-    here at run time: passed as a state argument, a secret in it would be returned by
-    ``state.show_sls`` and stored in the minion's ``highstate.cache.p`` with the rest of the
-    compiled states. The return never shows the content. Written atomically (temp file in the
-    same directory, fsync, rename).
+    ``name`` kept a 0600 file owned by ``user`` holding this host's ``part`` config, computed
+    here at run time (``multimaster_states.secret_config_ret``).
     """
-    ret = {"name": name, "result": True, "changes": {}, "comment": ""}
     config = _configs().get(part)
-    if not config:
-        ret.update(result=False, comment=f"no {part} options in the pillar for this master")
-        return ret
-    data = salt.utils.yaml.safe_dump(config, default_flow_style=False).encode()
-    owner = pwd.getpwnam(user) if user else None
-    if _is_current(name, data, 0o600, owner):
-        ret["comment"] = f"{name} is up to date"
-        return ret
-    if __opts__["test"]:
-        ret.update(
-            result=None, changes={"diff": "<secret: not shown>"}, comment=f"{name} would be updated"
-        )
-        return ret
-    os.makedirs(os.path.dirname(name), mode=0o755, exist_ok=True)
-    try:
-        # The master may run as its own user: it must read its options; nobody else may.
-        _write_owned(name, data, 0o600, owner)
-    except OSError as exc:
-        ret.update(result=False, comment=f"cannot write {name}: {exc.strerror or exc}")
-        return ret
-    ret.update(changes={"diff": "<secret: not shown>"}, comment=f"{name} updated")
-    return ret
+    return multimaster_states.secret_config_ret(name, config, part, user, __opts__["test"])
 
 
 def master_config_managed(name, user=None):
@@ -510,37 +397,6 @@ def job_cache_config_managed(name, user=None):
     return _secret_config_managed(name, "job_cache", user)
 
 
-def _makedirs_owned(directory, owner):
-    """
-    Create ``directory`` and its missing parents (0755), each owned by ``owner`` (None: left to
-    this process).
-    """
-    missing = []
-    while not os.path.isdir(directory):
-        missing.append(directory)
-        directory = os.path.dirname(directory)
-    for path in reversed(missing):
-        os.mkdir(path, 0o755)
-        if owner is not None:
-            os.chown(path, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
-
-
-def _synced_returner(base):
-    """
-    The content of the returner ``base`` (a file name) as ``saltutil.sync_all`` synced it to
-    this minion. Raises ``CommandExecutionError`` naming what to run.
-    """
-    path = os.path.join(__opts__["extension_modules"], "returners", base)
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError as exc:
-        raise CommandExecutionError(
-            f"the formula's returner is not synced to this minion ({path}: "
-            f"{exc.strerror or exc}); run saltutil.sync_all on it, then apply again"
-        ) from None
-
-
 def job_cache_returner_installed(name, user=None):
     """
     Ensure ``name`` (``<the master's extension_modules>/returners/multimaster_pgjsonb.py``) is
@@ -567,33 +423,7 @@ def job_cache_returner_installed(name, user=None):
             - name: /var/cache/salt/master/extmods/returners/multimaster_pgjsonb.py
             - user: salt
     """
-    ret = {"name": name, "result": True, "changes": {}, "comment": ""}
-    base = os.path.basename(name)
-    if base not in [f"{returner}.py" for returner in multimaster_jobcache.RETURNERS]:
-        expected = ", ".join(f"{returner}.py" for returner in multimaster_jobcache.RETURNERS)
-        ret.update(result=False, comment=f"{name}: expected a file named {expected}")
-        return ret
-    try:
-        data = _synced_returner(base)
-    except CommandExecutionError as exc:
-        ret.update(result=False, comment=str(exc))
-        return ret
-    owner = pwd.getpwnam(user) if user else None
-    if _is_current(name, data, 0o644, owner):
-        ret["comment"] = f"{name} is up to date"
-        return ret
-    action = "updated" if os.path.lexists(name) else "installed"
-    if __opts__["test"]:
-        ret.update(result=None, changes={"returner": action}, comment=f"{name} would be {action}")
-        return ret
-    try:
-        _makedirs_owned(os.path.dirname(name), owner)
-        _write_owned(name, data, 0o644, owner)
-    except OSError as exc:
-        ret.update(result=False, comment=f"cannot write {name}: {exc.strerror or exc}")
-        return ret
-    ret.update(changes={"returner": action}, comment=f"{name} {action}")
-    return ret
+    return multimaster_states.job_cache_returner_ret(name, user, __opts__)
 
 
 def job_cache_schema_present(name):
@@ -616,32 +446,5 @@ def job_cache_schema_present(name):
           multimaster.job_cache_schema_present:
             - name: job cache schema
     """
-    ret = {"name": name, "result": True, "changes": {}, "comment": ""}
     options = _configs().get("job_cache")
-    if not options:
-        ret.update(result=False, comment="the job cache is not enabled in the pillar")
-        return ret
-    conn = multimaster_jobcache.connection(options)
-    where = multimaster_jobcache.describe(conn)
-    try:
-        missing = multimaster_jobcache.missing_schema(conn)
-        if missing and __opts__["test"]:
-            ret.update(
-                result=None,
-                changes={"schema": {"old": [], "new": missing}},
-                comment=f"{where}: would create {', '.join(missing)}",
-            )
-            return ret
-        if missing:
-            missing = multimaster_jobcache.ensure_schema(conn)
-    except multimaster_jobcache.JobCacheError as exc:
-        ret.update(result=False, comment=str(exc))
-        return ret
-    if missing:
-        ret.update(
-            changes={"schema": {"old": [], "new": missing}},
-            comment=f"{where}: created {', '.join(missing)}",
-        )
-    else:
-        ret["comment"] = f"{where}: the job cache schema is present"
-    return ret
+    return multimaster_states.job_cache_schema_ret(name, options, __opts__["test"])

@@ -57,6 +57,15 @@ def verify_served(minion_opts, host, port, pub, sign_pub=None, timeout=60):
         time.sleep(1)
 
 
+def served_report(minion_opts, host, port, pub, sign_pub=None, timeout=60):
+    """
+    ``{"served", "reason"}`` of ``verify_served`` for ``port`` and ``timeout`` as the CLI may
+    pass them (strings).
+    """
+    ok, reason = verify_served(minion_opts, host, int(port), pub, sign_pub, timeout=float(timeout))
+    return {"served": ok, "reason": reason}
+
+
 def served_args(mopts, pub, signing):
     """
     ``(pub, sign_pub)`` a sign-in must prove: the master's own key, and in signing mode the
