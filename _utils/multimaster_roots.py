@@ -1,7 +1,8 @@
 """
 Applying a roots plan on the receiving peer (run by a control minion): the sealed plan opened,
 its content stream pulled, and each paired root's deletes, writes and modes done under the
-master's roots lock. The manifests and the plan itself are ``multimaster_manifest``.
+master's roots lock. The manifests are ``multimaster_manifest``, the plan itself
+``multimaster_rootsplan``.
 
 A directory a sync creates is made 0700 and given its mode once its files are in. Symlinks below
 a root are never followed: a write, a delete and a mode change each go through

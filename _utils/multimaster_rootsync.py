@@ -3,7 +3,7 @@ The roots plane's runner side: read each peer's manifest, plan, deliver.
 
 ``sync_roots`` asks every master, in one round, for the manifests of its roots that differ from
 this master's (sealed to this master and bound to the run), plans per peer what must move
-(``multimaster_manifest``), then stages the content encrypted with a fresh key and sends the plan,
+(``multimaster_rootsplan``), then stages the content encrypted with a fresh key and sends the plan,
 sealed to the peer's control minion, which pulls and applies both (``multimaster_roots``).
 Every function takes a ``multimaster_control.Run``. A peer's manifest is read only when its
 control minion passes the check a recipient of a private key must pass
@@ -16,6 +16,7 @@ import os
 import multimaster_control
 import multimaster_manifest
 import multimaster_masterkey
+import multimaster_rootsplan
 import multimaster_seal
 import multimaster_transport
 from salt.exceptions import SaltInvocationError
@@ -85,7 +86,7 @@ def _manifest_round(run, found, current, kinds, timeout):
     """
     This master's manifests of ``kinds`` and every master's answer. One round: each master
     compares its digests with this master's and returns its manifests, sealed, only where they
-    differ (pillar ones always: see ``multimaster_manifest.published``).
+    differ (pillar ones always: see ``multimaster_rootsplan.published``).
     """
     opts = {key: current.get(key) for key in multimaster_manifest.MANIFEST_OPTS}
     local = multimaster_manifest.manifests(opts, kinds)
@@ -100,13 +101,13 @@ def _manifest_round(run, found, current, kinds, timeout):
             "kinds": kinds,
             "full": True,
             "nonce": nonce,
-            "unless": multimaster_manifest.published(digests),
-            "dirs": multimaster_manifest.published_dir_digests(local),
+            "unless": multimaster_rootsplan.published(digests),
+            "dirs": multimaster_rootsplan.published_dir_digests(local),
         },
         timeout,
-        multimaster_manifest.manifest_answer_check,
+        multimaster_rootsplan.manifest_answer_check,
     )
-    multimaster_manifest.check_layouts(multimaster_control.ids(found)[0], local, answers)
+    multimaster_rootsplan.check_layouts(multimaster_control.ids(found)[0], local, answers)
     return _Round(local, digests, nonce, answers, errors)
 
 
@@ -132,12 +133,12 @@ def _sync_one_root_set(run, found, master, round_, test, timeout):
     answer, local = round_.answers[master], round_.local
     try:
         files, modes, partial = opened_manifest(run, found, master, answer, round_.nonce)
-        pairs, members = multimaster_manifest.sync_plan(local, files, modes, partial)
+        pairs, members = multimaster_rootsplan.sync_plan(local, files, modes, partial)
     except (SaltInvocationError, multimaster_seal.SealError) as exc:
         return {"result": False, "error": f"manifest of {master}: {exc}"}
     except (KeyError, IndexError, TypeError):
         return {"result": False, "error": malformed_manifest(master)}
-    report = multimaster_manifest.plan_report(pairs, local, multimaster_control.SHOWN)
+    report = multimaster_rootsplan.plan_report(pairs, local, multimaster_control.SHOWN)
     if test:
         return {"result": None, "planned": report}
     run.progress(f"{master}: {report['counts']} ({report['bytes']} bytes)")
@@ -205,8 +206,8 @@ def opened_manifest(run, found, master, answer, nonce):
     files = body["files"]
     return (
         files,
-        multimaster_manifest.modes_check(body.get("dir_modes"), files),
-        multimaster_manifest.partial_check(body.get("dirs"), files),
+        multimaster_rootsplan.modes_check(body.get("dir_modes"), files),
+        multimaster_rootsplan.partial_check(body.get("dirs"), files),
     )
 
 

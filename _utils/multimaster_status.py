@@ -22,6 +22,7 @@ import multimaster_keysync
 import multimaster_manifest
 import multimaster_masterkey
 import multimaster_masterkeyfiles
+import multimaster_rootsplan
 import multimaster_rootsync
 import multimaster_seal
 import salt.runner
@@ -167,8 +168,8 @@ def _report_check(answer):
     answer["master_key"]["fp"] = multimaster_keys.fingerprint(pub) if pub else None
     if not isinstance(answer.get("answering"), list):
         raise ValueError("answering is not a list")
-    multimaster_manifest.git_check(answer.get("git"))
-    return multimaster_manifest.roots_check(answer)
+    multimaster_rootsplan.git_check(answer.get("git"))
+    return multimaster_rootsplan.roots_check(answer)
 
 
 def _masters_part(section, reports, errors, signing):
@@ -334,7 +335,7 @@ def _roots_paths_differ(run, section, reachable, slots, timeout):
             except (KeyError, IndexError):
                 out[name][master] = f"{master} has no such root"
                 continue
-            out[name][master] = multimaster_manifest.differences(
+            out[name][master] = multimaster_rootsplan.differences(
                 *source, *target, shown=multimaster_control.SHOWN, named=kind != "pillar_roots"
             )
     return out
@@ -354,7 +355,7 @@ def _opened_manifests(run, section, reachable, slots, timeout):
         "roots_manifest",
         {"kinds": kinds, "full": True, "nonce": nonce},
         timeout,
-        multimaster_manifest.roots_check,
+        multimaster_rootsplan.roots_check,
     )
     opened = {}
     for master, answer in answers.items():

@@ -27,6 +27,7 @@ import random
 import shutil
 import statistics
 import subprocess
+import types
 
 from benchlab import (
     BenchLab,
@@ -102,102 +103,165 @@ def tree_size(root):
     return count, size
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--files", type=int, default=5000)
     parser.add_argument("--mb", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--keep", action="store_true", help="leave the daemons running")
-    args = parser.parse_args()
-    rsync = shutil.which("rsync")
-    if not rsync:
-        raise SystemExit("rsync is needed for the comparison: apt-get install rsync")
-    source = LAB.path("master1", "tree")
-    try:
-        setup, _ = timed(lambda: LAB.start(prepare(args.files, args.mb)))
-        count, size = tree_size(source)
-        print(f"set-up: {setup:.1f}s (tree: {count} files, {size / 2**20:.0f} MB)")
-        floor = statistics.median(
-            timed(lambda: LAB.ping("master2", ("-L",)))[0] for _ in range(args.repeat)
-        )
-        idle_cmd = LAB.command("salt-run", "master1", "test.arg", "--out=json")
-        idle_runner = peak_rss_mb(idle_cmd)[2]
-        minion_pid = LAB.control_minion_pid("master2")
-        master_pid = devkit.read_pid(LAB.path("master1", "var", "run", "salt-master.pid"))
-        idle_minion, idle_master = tree_peak_rss_mb(minion_pid), tree_peak_rss_mb(master_pid)
+    return parser.parse_args()
 
-        # The rsyncs and the first sync take turns between the same two directories, master2's
-        # emptied each time and the disk left to go quiet: all meet the disk in the same state.
-        target = LAB.path("master2", "tree")
-        copies = {
-            "rsync": [rsync, "-a", f"{source}/", target],
-            "fsync": [rsync, "-a", "--fsync", f"{source}/", target],
-        }
 
-        def emptied():
-            shutil.rmtree(target, ignore_errors=True)
-            quiet_disk(LAB.path("master2"))
+def idle_measures(repeat):
+    """
+    Before any sync: the floor (median of ``repeat`` pings), the peak RSS of an idle
+    ``salt-run``, and the pids and sizes of master2's control minion and master1's daemons.
+    """
+    floor = statistics.median(timed(lambda: LAB.ping("master2", ("-L",)))[0] for _ in range(repeat))
+    idle_cmd = LAB.command("salt-run", "master1", "test.arg", "--out=json")
+    idle_runner = peak_rss_mb(idle_cmd)[2]
+    minion_pid = LAB.control_minion_pid("master2")
+    master_pid = devkit.read_pid(LAB.path("master1", "var", "run", "salt-master.pid"))
+    idle_minion, idle_master = tree_peak_rss_mb(minion_pid), tree_peak_rss_mb(master_pid)
+    return {
+        "floor": floor,
+        "idle_runner": idle_runner,
+        "minion_pid": minion_pid,
+        "master_pid": master_pid,
+        "idle_minion": idle_minion,
+        "idle_master": idle_master,
+    }
 
-        rsynced, firsts = {name: [] for name in copies}, []
-        with PeakSampler([minion_pid, master_pid]) as sampler:
-            for _ in range(args.repeat):
-                for name, copy in copies.items():
-                    emptied()
-                    rsynced[name].append(
-                        timed(lambda copy=copy: subprocess.run(copy, check=True))[0]
-                    )
+
+def whole_tree_copies(rsync, source, repeat, pids):
+    """
+    ``(rsynced, firsts, peaks)``: the seconds of each ``rsync -a`` and ``rsync -a --fsync`` of
+    ``source`` into master2's tree, the ``(seconds, peak RSS MB)`` of each first ``sync_roots``,
+    taking turns ``repeat`` times, and the peak RSS of ``pids`` meanwhile.
+    """
+    # The rsyncs and the first sync take turns between the same two directories, master2's
+    # emptied each time and the disk left to go quiet: all meet the disk in the same state.
+    target = LAB.path("master2", "tree")
+    copies = {
+        "rsync": [rsync, "-a", f"{source}/", target],
+        "fsync": [rsync, "-a", "--fsync", f"{source}/", target],
+    }
+
+    def emptied():
+        shutil.rmtree(target, ignore_errors=True)
+        quiet_disk(LAB.path("master2"))
+
+    rsynced, firsts = {name: [] for name in copies}, []
+    with PeakSampler(pids) as sampler:
+        for _ in range(repeat):
+            for name, copy in copies.items():
                 emptied()
-                firsts.append(sync_roots())
-        rsync_time = statistics.median(rsynced["rsync"])
-        fsync_time = statistics.median(rsynced["fsync"])
-        first = statistics.median(t for t, _ in firsts)
-        first_rss = max(r for _, r in firsts)
-        minion_peak, master_peak = sampler.peaks[minion_pid], sampler.peaks[master_pid]
-        copied = tree_size(LAB.path("master2", "tree"))
-        if copied != (count, size):
-            raise SystemExit(f"master2's tree holds {copied}, expected {(count, size)}")
-        noops = [sync_roots() for _ in range(args.repeat)]
-        noop = statistics.median(t for t, _ in noops)
-        changes = []
-        for i in range(args.repeat):
-            victim = os.path.join(source, "d3", "e2", f"f{1000 + i:05d}.sls")
-            with open(victim, "ab") as handle:
-                handle.write(b"# changed\n")
-            changes.append(sync_roots())
-        change = statistics.median(t for t, _ in changes)
-        peak_runner = max([first_rss, *(r for _, r in noops + changes)])
-    finally:
-        if not args.keep:
-            LAB.stop_all()
+                rsynced[name].append(timed(lambda copy=copy: subprocess.run(copy, check=True))[0])
+            emptied()
+            firsts.append(sync_roots())
+    return rsynced, firsts, sampler.peaks
+
+
+def changed_file_syncs(source, repeat):
+    """
+    ``sync_roots`` ``repeat`` times, each after one more file of ``source`` was changed.
+    """
+    changes = []
+    for i in range(repeat):
+        victim = os.path.join(source, "d3", "e2", f"f{1000 + i:05d}.sls")
+        with open(victim, "ab") as handle:
+            handle.write(b"# changed\n")
+        changes.append(sync_roots())
+    return changes
+
+
+def measure(args, rsync, source):
+    """
+    Start the lab and take every measure of one run, as ``print_results`` reads them.
+    """
+    setup, _ = timed(lambda: LAB.start(prepare(args.files, args.mb)))
+    count, size = tree_size(source)
+    print(f"set-up: {setup:.1f}s (tree: {count} files, {size / 2**20:.0f} MB)")
+    found = {"count": count, "size": size, **idle_measures(args.repeat)}
+    minion_pid, master_pid = found["minion_pid"], found["master_pid"]
+    rsynced, firsts, peaks = whole_tree_copies(rsync, source, args.repeat, [minion_pid, master_pid])
+    found.update(
+        rsynced=rsynced,
+        firsts=firsts,
+        rsync_time=statistics.median(rsynced["rsync"]),
+        fsync_time=statistics.median(rsynced["fsync"]),
+        first=statistics.median(t for t, _ in firsts),
+    )
+    first_rss = max(r for _, r in firsts)
+    found.update(minion_peak=peaks[minion_pid], master_peak=peaks[master_pid])
+    copied = tree_size(LAB.path("master2", "tree"))
+    if copied != (count, size):
+        raise SystemExit(f"master2's tree holds {copied}, expected {(count, size)}")
+    noops = [sync_roots() for _ in range(args.repeat)]
+    found["noop"] = statistics.median(t for t, _ in noops)
+    changes = changed_file_syncs(source, args.repeat)
+    found["change"] = statistics.median(t for t, _ in changes)
+    found["peak_runner"] = max([first_rss, *(r for _, r in noops + changes)])
+    return types.SimpleNamespace(**found)
+
+
+def print_results(found):
+    """
+    The measures of one run (``measure``) as a table, each run's times and the peak RSS.
+    """
     rows = [
-        ("floor: salt -L master2 test.ping", floor, None),
-        (f"rsync -a of the tree ({count} files, {size / 2**20:.0f} MB)", rsync_time, None),
-        ("rsync -a --fsync of the tree", fsync_time, None),
+        ("floor: salt -L master2 test.ping", found.floor, None),
+        (
+            f"rsync -a of the tree ({found.count} files, {found.size / 2**20:.0f} MB)",
+            found.rsync_time,
+            None,
+        ),
+        ("rsync -a --fsync of the tree", found.fsync_time, None),
         (
             "first sync_roots (whole tree to master2)",
-            first,
-            f"{first / rsync_time:.2f} x rsync; {first / fsync_time:.2f} x rsync --fsync",
+            found.first,
+            f"{found.first / found.rsync_time:.2f} x rsync; "
+            f"{found.first / found.fsync_time:.2f} x rsync --fsync",
         ),
-        ("no-op sync_roots", noop, f"{noop / floor:.2f} x floor"),
-        ("sync_roots after one changed file", change, f"{change / noop:.2f} x no-op"),
+        ("no-op sync_roots", found.noop, f"{found.noop / found.floor:.2f} x floor"),
+        (
+            "sync_roots after one changed file",
+            found.change,
+            f"{found.change / found.noop:.2f} x no-op",
+        ),
     ]
     print(f"\n{'measure':<58} {'seconds':>8}  relative")
     for name, secs, rel in rows:
         print(f"{name:<58} {secs:8.2f}  {rel or ''}")
     print(
-        f"\neach run, s: rsync {', '.join(f'{t:.2f}' for t in rsynced['rsync'])}; "
-        f"rsync --fsync {', '.join(f'{t:.2f}' for t in rsynced['fsync'])}; "
-        f"first sync_roots {', '.join(f'{t:.2f}' for t, _ in firsts)}"
+        f"\neach run, s: rsync {', '.join(f'{t:.2f}' for t in found.rsynced['rsync'])}; "
+        f"rsync --fsync {', '.join(f'{t:.2f}' for t in found.rsynced['fsync'])}; "
+        f"first sync_roots {', '.join(f'{t:.2f}' for t, _ in found.firsts)}"
     )
     print(
-        f"peak RSS, MB (idle -> peak): salt-run {idle_runner:.0f} -> {peak_runner:.0f}; "
-        f"master2's control minion {idle_minion:.0f} -> {minion_peak:.0f}; "
-        f"master1's daemons {idle_master:.0f} -> {master_peak:.0f}"
+        f"peak RSS, MB (idle -> peak): salt-run {found.idle_runner:.0f} -> "
+        f"{found.peak_runner:.0f}; "
+        f"master2's control minion {found.idle_minion:.0f} -> {found.minion_peak:.0f}; "
+        f"master1's daemons {found.idle_master:.0f} -> {found.master_peak:.0f}"
     )
     print(
         "targets: first <= 3 x rsync; one change <= 1.5 x no-op; no-op <= 2 x floor; "
         "peak RSS within 100 MB of idle"
     )
+
+
+def main():
+    args = parse_args()
+    rsync = shutil.which("rsync")
+    if not rsync:
+        raise SystemExit("rsync is needed for the comparison: apt-get install rsync")
+    source = LAB.path("master1", "tree")
+    try:
+        found = measure(args, rsync, source)
+    finally:
+        if not args.keep:
+            LAB.stop_all()
+    print_results(found)
 
 
 if __name__ == "__main__":

@@ -777,53 +777,62 @@ def orchestration_failures(result):
     return failed or [result.stdout[-1500:] + result.stderr[-1500:]]
 
 
-def add_master(report):
+def bootstrap_new_master():
     """
-    master3 joins with ``state.orch multimaster.orch.add_master`` while master1 pings the hot
-    minion1 once a second; afterwards every hot minion answers master3.
+    Bootstrap ``NEW_MASTER`` (master and control minion), accept its control minion on master1,
+    and wait until that minion's first highstate and every job of it have finished.
     """
-    with report.step(f"bootstrap {NEW_MASTER} (master + control minion); salt-key -a on master1"):
-        bootstrap([NEW_MASTER])
-        accept_new_minion(NEW_MASTER, reactor_on="master2")
-        wait_answering("master1", [NEW_MASTER])
-        # Its first start got it a first highstate too: let that finish before the orchestration
-        # applies states to it.
-        wait_for(
-            f"the first highstate on {NEW_MASTER}'s control minion",
-            lambda: highstates(NEW_MASTER),
-            STATE_TIMEOUT,
-            logs=[log(NEW_MASTER, "minion")],
+    bootstrap([NEW_MASTER])
+    accept_new_minion(NEW_MASTER, reactor_on="master2")
+    wait_answering("master1", [NEW_MASTER])
+    # Its first start got it a first highstate too: let that finish before the orchestration
+    # applies states to it.
+    wait_for(
+        f"the first highstate on {NEW_MASTER}'s control minion",
+        lambda: highstates(NEW_MASTER),
+        STATE_TIMEOUT,
+        logs=[log(NEW_MASTER, "minion")],
+    )
+    wait_for(
+        f"{NEW_MASTER}'s control minion to finish its jobs",
+        lambda: salt("master1", NEW_MASTER, "saltutil.running").get(NEW_MASTER) == [],
+        STATE_TIMEOUT,
+    )
+
+
+def orchestrate_add_master():
+    """
+    Run ``state.orch multimaster.orch.add_master`` for ``NEW_MASTER`` on master1 while a thread
+    pings ``PINGED_MINION``: ``(result, seconds, record)``, ``record`` holding each ping's
+    outcome.
+    """
+    stop, record = threading.Event(), []
+    pinger = threading.Thread(target=ping_loop, args=(stop, record), daemon=True)
+    pinger.start()
+    began = time.monotonic()
+    try:
+        result = run(
+            "master1", "salt-run", "state.orch", "multimaster.orch.add_master",
+            "pillar=" + json.dumps({"multimaster_new": NEW_MASTER}),
+            timeout=ORCH_TIMEOUT, out="json", check=False,
+        )  # fmt: skip
+    finally:
+        stop.set()
+        pinger.join()
+    seconds = time.monotonic() - began
+    if result.returncode != 0:
+        raise LabError(
+            "add_master failed:\n  " + "\n  ".join(orchestration_failures(result)),
+            [log("master1", "master")],
         )
-        wait_for(
-            f"{NEW_MASTER}'s control minion to finish its jobs",
-            lambda: salt("master1", NEW_MASTER, "saltutil.running").get(NEW_MASTER) == [],
-            STATE_TIMEOUT,
-        )
-    with report.step(f"pillar: {NEW_MASTER} added to multimaster:masters"):
-        write_pillar(MASTERS)
-    title = f"salt-run state.orch multimaster.orch.add_master ({NEW_MASTER}), pinging"
-    with report.step(f"{title} {PINGED_MINION}"):
-        stop, record = threading.Event(), []
-        pinger = threading.Thread(target=ping_loop, args=(stop, record), daemon=True)
-        pinger.start()
-        began = time.monotonic()
-        try:
-            result = run(
-                "master1", "salt-run", "state.orch", "multimaster.orch.add_master",
-                "pillar=" + json.dumps({"multimaster_new": NEW_MASTER}),
-                timeout=ORCH_TIMEOUT, out="json", check=False,
-            )  # fmt: skip
-        finally:
-            stop.set()
-            pinger.join()
-        seconds = time.monotonic() - began
-        if result.returncode != 0:
-            raise LabError(
-                "add_master failed:\n  " + "\n  ".join(orchestration_failures(result)),
-                [log("master1", "master")],
-            )
-    with report.step(f"wait for every minion on {NEW_MASTER}"):
-        wait_answering(NEW_MASTER, expected_answers(NEW_MASTER, ALL_MINIONS))
+    return result, seconds, record
+
+
+def note_add_master(report, result, seconds, record):
+    """
+    Note (and print) how long the join took, how many pings missed meanwhile, and how long each
+    step of the orchestration took.
+    """
     missed = record.count(False)
     prefix = "multimaster-orch-add-master-"
     report.notes.append(
@@ -835,6 +844,23 @@ def add_master(report):
         )
     )
     print(report.notes[-1], flush=True)
+
+
+def add_master(report):
+    """
+    master3 joins with ``state.orch multimaster.orch.add_master`` while master1 pings the hot
+    minion1 once a second; afterwards every hot minion answers master3.
+    """
+    with report.step(f"bootstrap {NEW_MASTER} (master + control minion); salt-key -a on master1"):
+        bootstrap_new_master()
+    with report.step(f"pillar: {NEW_MASTER} added to multimaster:masters"):
+        write_pillar(MASTERS)
+    title = f"salt-run state.orch multimaster.orch.add_master ({NEW_MASTER}), pinging"
+    with report.step(f"{title} {PINGED_MINION}"):
+        result, seconds, record = orchestrate_add_master()
+    with report.step(f"wait for every minion on {NEW_MASTER}"):
+        wait_answering(NEW_MASTER, expected_answers(NEW_MASTER, ALL_MINIONS))
+    note_add_master(report, result, seconds, record)
     with report.step("test.ping matrix (three masters)"):
         ping_matrix(
             report, "test.ping answered (three masters up):", "master1", MASTERS, ALL_MINIONS

@@ -339,13 +339,24 @@ class SystemdHostSet(nshosts.HostSet):
             time.sleep(0.1)
 
     def _boot_script(self, host, marker):
+        lines = [
+            *self._root_lines(host),
+            *self._bind_lines(host),
+            *self._kernel_fs_lines(),
+            "pivot_root . .old",
+            "exec chroot . /bin/sh -ec " + shlex.quote(self._inside_script(marker)),
+        ]
+        return "\n".join(lines)
+
+    def _root_lines(self, host):
+        """
+        The new root on a tmpfs: ``/usr`` read-only, ``/etc`` an overlay with the host's own
+        units, generators, hostname, hosts and machine id, fresh ``/tmp``, ``/run``, ``/var``
+        and ``/root``.
+        """
         q = shlex.quote
         root = q(str(host.root / "mnt"))
-        binds = [
-            (host.path(p), p) for p in ("/etc/salt", "/var/cache/salt", "/var/log/salt", "/srv")
-        ]
-        ro_binds = read_only_binds()
-        lines = [
+        return [
             f"hostname {q(host.name)}",
             f"mount -t tmpfs -o mode=0755 {q(host.netns)} {root}",
             f"cd {root}",
@@ -376,6 +387,18 @@ class SystemdHostSet(nshosts.HostSet):
             "touch etc/hosts",
             f"mount --bind {q(str(host.path('/etc/hosts')))} etc/hosts",
         ]
+
+    def _bind_lines(self, host):
+        """
+        The host's private ``/etc/salt``, ``/var/cache/salt``, ``/var/log/salt`` and ``/srv``
+        bound in, and the read-only binds (``read_only_binds``).
+        """
+        q = shlex.quote
+        binds = [
+            (host.path(p), p) for p in ("/etc/salt", "/var/cache/salt", "/var/log/salt", "/srv")
+        ]
+        ro_binds = read_only_binds()
+        lines = []
         for source, inside in binds:
             lines += [f"mkdir -p .{inside}", f"mount --bind {q(str(source))} .{q(inside)}"]
         for path in ro_binds:
@@ -385,7 +408,15 @@ class SystemdHostSet(nshosts.HostSet):
                 f"mount --bind {q(str(path))} {inside}",
                 f"mount -o remount,bind,ro {inside}",
             ]
-        lines += [
+        return lines
+
+    def _kernel_fs_lines(self):
+        """
+        ``/dev`` (a few of the machine's devices, a devpts of its own), ``/proc`` of the new PID
+        namespace with the kernel's knobs read-only, a read-only ``/sys`` and the cgroup2
+        hierarchy.
+        """
+        return [
             # /dev: a few devices of the machine's (as every container has them), own devpts.
             "mount -t tmpfs -o mode=0755,nosuid dev dev",
             *(f"touch dev/{d} && mount --bind /dev/{d} dev/{d}" for d in DEVICES),
@@ -406,10 +437,7 @@ class SystemdHostSet(nshosts.HostSet):
             "fi",
             "mount -t sysfs -o ro,nosuid,nodev,noexec sysfs sys",
             "mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 sys/fs/cgroup",
-            "pivot_root . .old",
-            "exec chroot . /bin/sh -ec " + q(self._inside_script(marker)),
         ]
-        return "\n".join(lines)
 
     def _inside_script(self, marker):
         q = shlex.quote

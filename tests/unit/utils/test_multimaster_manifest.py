@@ -1,7 +1,7 @@
 """
 Roots trees as manifests: they skip what must not move and never read through a symlink, the
-hash cache trusts only what cannot have changed unseen, plans mirror the source, and a peer's
-answers about its roots are checked.
+hash cache trusts only what cannot have changed unseen, and a peer's manifest cut to the
+directories that differ plans as the whole one.
 """
 
 import json
@@ -11,6 +11,7 @@ import subprocess
 import time
 
 import multimaster_manifest as manifest
+import multimaster_rootsplan as rootsplan
 import multimaster_safefs as safefs
 import pytest
 
@@ -48,18 +49,6 @@ def test_manifest_lists_regular_files_and_reports_what_it_skips(tree):
 
 def test_a_missing_root_is_an_empty_tree(tmp_path):
     assert manifest.manifest(tmp_path / "nope") == ({}, {})
-
-
-def test_plan_mirrors_the_source():
-    entry = {"size": 1, "mode": 0o644, "sha256": "a" * 64}
-    source = {"same": entry, "new": entry, "edited": entry, "chmod": dict(entry, mode=0o755)}
-    target = {"same": entry, "edited": dict(entry, sha256="b" * 64), "chmod": entry, "stale": entry}
-    assert manifest.plan(source, target) == {
-        "add": ["new"],
-        "change": ["edited"],
-        "mode": ["chmod"],
-        "delete": ["stale"],
-    }
 
 
 def test_digest_is_equal_for_equal_trees_only(tree, tmp_path):
@@ -292,7 +281,7 @@ def test_a_peer_manifest_cut_to_the_differing_directories_plans_as_the_whole_one
     their_dirs = dict(dirs, nested=0o777, gone=0o755)
     whole = {"file_roots": {"base": [theirs]}}
     modes = {"file_roots": {"base": [their_dirs]}}
-    sent = manifest.published_dir_digests(local)
+    sent = rootsplan.published_dir_digests(local)
     cut, cut_modes, partial = manifest.narrowed(whole, modes, sent)
     assert partial == {"file_roots": {"base": [["", "gone", "nested", "nested/deep"]]}}
     assert "top.sls" in cut["file_roots"]["base"][0]  # same directory as the missing blob
@@ -300,10 +289,10 @@ def test_a_peer_manifest_cut_to_the_differing_directories_plans_as_the_whole_one
     assert cut_modes["file_roots"]["base"][0] == manifest.modes_within(
         their_dirs, partial["file_roots"]["base"][0]
     )
-    assert manifest.sync_plan(local, cut, cut_modes, partial) == manifest.sync_plan(
+    assert rootsplan.sync_plan(local, cut, cut_modes, partial) == rootsplan.sync_plan(
         local, whole, modes
     )
-    pairs, _ = manifest.sync_plan(local, cut, cut_modes, partial)
+    pairs, _ = rootsplan.sync_plan(local, cut, cut_modes, partial)
     assert [w["path"] for w in pairs[0]["write"]] == ["blob.bin", "nested/deep/run.sh"]
     assert pairs[0]["delete"] == ["gone/old.sls"]
     assert pairs[0]["dirs"] == [["nested", dirs["nested"]]]
@@ -315,14 +304,6 @@ def test_a_peer_manifest_cut_to_the_differing_directories_plans_as_the_whole_one
     )
     garbage = {"file_roots": {"base": [{"x": 1}]}}
     assert manifest.narrowed(whole, modes, garbage)[0] == whole
-
-
-def test_a_peer_s_directory_list_that_does_not_match_its_manifests_is_refused():
-    files = {"file_roots": {"base": [{}]}}
-    assert manifest.partial_check(None, files) is None
-    for bad in ({}, {"file_roots": {"base": []}}, {"file_roots": {"base": [[1]]}}):
-        with pytest.raises(manifest.RootsRefused):
-            manifest.partial_check(bad, files)
 
 
 def test_a_directory_swapped_for_a_symlink_during_the_scan_is_not_read_through(
@@ -373,36 +354,6 @@ def test_a_malformed_hash_cache_entry_is_not_trusted(tree, tmp_path, counted_has
     assert again == files
 
 
-def test_overlaps_names_how_two_roots_share_directories():
-    layout = {
-        "file_roots": {"base": ["/srv/salt", "/srv/other"], "dev": ["/srv/salt"]},
-        "pillar_roots": {"base": ["/srv/salt/pillar"]},
-    }
-    assert manifest.overlaps(layout) == {
-        (("file_roots", "base", 0), ("file_roots", "dev", 0)): "same",
-        (("file_roots", "base", 0), ("pillar_roots", "base", 0)): "contains",
-        (("file_roots", "dev", 0), ("pillar_roots", "base", 0)): "contains",
-    }
-    assert manifest.overlaps({"file_roots": {"base": ["/srv/salt", "/srv/salted"]}}) == {}
-
-
-def test_a_peer_whose_roots_nest_unlike_the_primary_s_is_refused():
-    # The primary keeps pillar beside the states; the peer inside them: syncing the peer's
-    # file_roots would delete its pillar files as extra, and the pillar sync write them back.
-    apart = {"file_roots": {"base": ["/p/salt"]}, "pillar_roots": {"base": ["/p/pillar"]}}
-    nested = {"file_roots": {"base": ["/q/salt"]}, "pillar_roots": {"base": ["/q/salt/pillar"]}}
-    summary = {"m1": {"real": apart}, "m2": {"real": nested}}
-    with pytest.raises(manifest.RootsRefused) as refused:
-        manifest.check_overlaps("m1", summary)
-    message = str(refused.value)
-    assert "'/q/salt/pillar'" in message and "the second inside the first on m2" in message
-    assert "apart on m1" in message and "nothing written" in message
-    # Nested alike on both sides mirrors fine; so do roots apart on the peer (the demo lab's
-    # primary serves the formula checkout, which holds its second root).
-    manifest.check_overlaps("m1", {"m1": {"real": nested}, "m2": {"real": nested}})
-    manifest.check_overlaps("m1", {"m1": {"real": nested}, "m2": {"real": apart}})
-
-
 def test_a_manifest_carries_the_modes_of_the_directories_that_hold_files(tmp_path):
     root = tmp_path / "root"
     (root / "a" / "b").mkdir(parents=True)
@@ -418,42 +369,3 @@ def test_a_manifest_carries_the_modes_of_the_directories_that_hold_files(tmp_pat
     (root / "a" / "b" / "f.sls").unlink()
     dirs = {}
     assert manifest.manifest(root, dirs=dirs) == ({}, {}) and dirs == {}
-
-
-def test_the_directory_plan_names_what_is_missing_or_of_another_mode():
-    source = {"": 0o700, "a": 0o700, "a/b": 0o755}
-    target = {"": 0o755, "a": 0o700, "stale": 0o777}
-    assert manifest.dir_plan(source, target) == [["", 0o700], ["a/b", 0o755]]
-
-
-@pytest.mark.parametrize(
-    "modes",
-    [None, {}, {"file_roots": {"base": []}}, {"file_roots": {"base": [{"a": "0755"}]}}],
-)
-def test_a_peer_s_directory_modes_that_do_not_match_its_manifests_are_refused(modes):
-    files = {"file_roots": {"base": [{}]}}
-    assert manifest.modes_check({"file_roots": {"base": [{"": 0o700}]}}, files)
-    with pytest.raises(manifest.RootsRefused, match="directory modes"):
-        manifest.modes_check(modes, files)
-
-
-def test_differences_name_file_roots_paths_and_count_pillar_ones():
-    entry = {"size": 1, "mode": 0o644, "sha256": "0" * 64}
-    files = {"a.sls": entry, "b.sls": entry, "d/c.sls": entry}
-    theirs = {"a.sls": {**entry, "sha256": "1" * 64}, "b.sls": {**entry, "mode": 0o600}, "x": entry}
-    modes, their_modes = {"": 0o755, "d": 0o755}, {"": 0o700}
-    assert manifest.differences(files, modes, theirs, their_modes, shown=50) == {
-        "missing": ["d/c.sls"],
-        "changed": ["a.sls"],
-        "mode": ["b.sls"],
-        "extra": ["x"],
-        "dir_mode": [""],
-    }
-    assert manifest.differences(files, modes, theirs, their_modes, shown=50, named=False) == {
-        "missing": 1,
-        "changed": 1,
-        "mode": 1,
-        "extra": 1,
-        "dir_mode": 1,
-    }
-    assert manifest.differences(files, modes, files, modes, shown=50) == {}
