@@ -2,9 +2,9 @@
 The master-host side of the ``multimaster`` runners: key inventory, key actions, master key
 install, served-key checks and reports, run by a master's control minion. Each function is a
 few lines over its plane's library in ``_utils`` (``multimaster_keystore``,
-``multimaster_clustersync``, ``multimaster_masterkey``, ``multimaster_status``; the roots
-plane's ``multimaster_manifest`` and ``multimaster_roots``), which own both ends of their plane's
-wire contract.
+``multimaster_keywrite``, ``multimaster_clustersync``, ``multimaster_masterkey``,
+``multimaster_status``; the roots plane's ``multimaster_manifest`` and ``multimaster_roots``),
+which own both ends of their plane's wire contract.
 
 Grant this module to no publisher ACL: only the ``multimaster`` runners call it, and it trusts
 no caller (``docs/security.md``). Paths come from this minion's own pillar entry, never from
@@ -22,6 +22,7 @@ from salt.exceptions import CommandExecutionError
 try:
     import multimaster_clustersync
     import multimaster_keystore
+    import multimaster_keywrite
     import multimaster_manifest
     import multimaster_masterkey
     import multimaster_roots
@@ -110,7 +111,7 @@ def key_inventory(buckets=None, ids=None, with_pubs=False):
         salt master2 multimaster_peer.key_inventory
         salt master2 multimaster_peer.key_inventory ids='[minion1]' with_pubs=True
     """
-    return multimaster_keystore.peer_inventory(__opts__, *_mopts(), buckets, ids, with_pubs)
+    return multimaster_keywrite.peer_inventory(__opts__, *_mopts(), buckets, ids, with_pubs)
 
 
 @_signed_answer
@@ -148,7 +149,7 @@ def apply_key_actions(transfer, order):
 
         salt-run multimaster.sync_keys   # the runner calls this; not meant for the CLI
     """
-    return multimaster_keystore.apply_ordered_actions(
+    return multimaster_keywrite.apply_ordered_actions(
         __opts__, *_mopts(), transfer, order, multimaster_transport.puller(__salt__)
     )
 

@@ -8,8 +8,8 @@ With a key cache (3008) the pair is stored under ``<id without _master>`` in the
 with ``master.pem``/``master.pub`` as links to them; 3006/3007 keep plain
 ``master.pem``/``master.pub`` in ``pki_dir`` (``multimaster_saltcompat`` says which). An install
 holds the key store's lock (``multimaster_keystore.locked``) and stages its files in the store's
-private temp dir, whose leftovers the store's ``repair`` clears; the order of its steps leaves a
-pair the master starts with after a crash at any one of them (``_install_files``).
+private temp dir, whose leftovers ``multimaster_keywrite.repair`` clears; the order of its steps
+leaves a pair the master starts with after a crash at any one of them (``_install_files``).
 """
 
 import os

@@ -19,6 +19,7 @@ import multimaster_jobcache
 import multimaster_keys
 import multimaster_keystore
 import multimaster_keysync
+import multimaster_keywrite
 import multimaster_manifest
 import multimaster_masterkey
 import multimaster_masterkeyfiles
@@ -74,7 +75,7 @@ def master_report(minion_opts, master, mopts, signing=False, ping_timeout=5):
     What ``multimaster_peer.master_report`` answers for ``master`` (its opts ``mopts``).
     """
     report = {
-        "keys": multimaster_keystore.peer_inventory(minion_opts, master, mopts),
+        "keys": multimaster_keywrite.peer_inventory(minion_opts, master, mopts),
         "master_key": multimaster_masterkey.master_key_info(minion_opts, master, mopts, signing),
         "store_problems": store_problems(mopts, signing),
         "answering": [],

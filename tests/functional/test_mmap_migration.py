@@ -8,6 +8,7 @@ store. Salt 3008's runner and cache drivers, loaded as a master loads them; no d
 
 import multimaster_keys
 import multimaster_keystore
+import multimaster_keywrite
 import multimaster_saltcompat
 import pytest
 import salt.config
@@ -61,7 +62,7 @@ def test_a_store_migrated_to_mmap_reads_and_writes_through_the_tool(tmp_path):
     # The tool's own write on the migrated store: web2 rejected (compare-and-set on its entry),
     # and the master told to rotate its AES key, as for any revocation.
     action = {"id": "web2", "op": "reject", "fp": after["web2"][1], "expect": after["web2"]}
-    done = multimaster_keystore.apply_actions(mmap, [(action, pool[1])])
+    done = multimaster_keywrite.apply_actions(mmap, [(action, pool[1])])
     assert done["done"] == [{"id": "web2", "op": "reject"}] and done["rotated"] is True
     entries, _ = multimaster_keystore.inventory(mmap)
     assert entries["web2"] == ["rejected", multimaster_keys.fingerprint(pool[1])]

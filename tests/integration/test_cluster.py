@@ -18,6 +18,7 @@ import subprocess
 import time
 
 import multimaster_keystore
+import multimaster_keywrite
 import psutil
 import pytest
 import yaml
@@ -213,7 +214,7 @@ def cluster_set(salt_factories, tmp_path_factory):
             pub = harness.give_keypair(factory)
             # Key consistency is the tool's job in a cluster: accepted on every peer.
             for opts in mopts:
-                multimaster_keystore.write(opts, [(factory.id, "accepted", pub)])
+                multimaster_keywrite.write(opts, [(factory.id, "accepted", pub)])
             stack.callback(kill_daemons_of, factory.config_dir)
             stack.callback(factory.terminate)
             factory.start(start_timeout=START_TIMEOUT)
@@ -375,7 +376,7 @@ def joiner_control_minion(cluster_set, joiner):
     cm = joiner.salt_minion_daemon(control_minion_id(3), overrides=cluster_set["direct"](JOINER))
     pub = harness.give_keypair(cm)
     for opts in cluster_set["mopts"]:
-        multimaster_keystore.write(opts, [(cm.id, "accepted", pub)])
+        multimaster_keywrite.write(opts, [(cm.id, "accepted", pub)])
     return cm
 
 
@@ -565,7 +566,7 @@ def test_salt_key_changes_on_one_peer_reach_every_peer(cluster_set):
     target = f"{PREFIX}-keyed"
     pub = devkit.public_pem(devkit.new_rsa_key())
     for _, opts in live:
-        multimaster_keystore.write(opts, [(target, "accepted", pub)])
+        multimaster_keywrite.write(opts, [(target, "accepted", pub)])
 
     aes_before = {cluster_aes(o) for _, o in live}
     took = salt_key_reaches_every_peer(

@@ -11,7 +11,7 @@ import os
 import stat
 
 import multimaster_control
-import multimaster_keystore
+import multimaster_keywrite
 import multimaster_masterkey
 import multimaster_returns
 import multimaster_safefs
@@ -254,7 +254,7 @@ def test_status_names_no_pillar_file_of_a_differing_root(hosts, tmp_path, monkey
 
     keys = {"alive": True, "digest": "0" * 64, "buckets": {}, "count": 0, "repair": False}
     monkeypatch.setattr(
-        multimaster_keystore,
+        multimaster_keywrite,
         "peer_inventory",
         lambda minion_opts, master, mopts: dict(keys, binding=binding(master)),
     )

@@ -1,5 +1,6 @@
 """
-Crash-safe key store writes for the localfs_key layout (_utils/multimaster_keystore.py).
+Reading the minion key store (_utils/multimaster_keystore.py): the inventory and its
+fingerprint cache, the store's lock, the master's options and the record of held keys.
 """
 
 import json
@@ -8,60 +9,31 @@ import re
 import stat
 import subprocess
 import sys
-import threading
 import time
 
+import multimaster_keys
 import multimaster_keystore as ks
+import multimaster_keywrite
 import pytest
-from salt.exceptions import CommandExecutionError, SaltInvocationError
+from salt.exceptions import CommandExecutionError
 
 from tests.support import loading
 from tests.support.keyfactory import pub_pem, rsa_private
-from tests.support.keystore import holding_the_lock
-
-PEM = pub_pem(rsa_private())
+from tests.support.keystore import (
+    FP,
+    OTHER,
+    OTHER_FP,
+    PEM,
+    holding_the_lock,
+    link_pending_dir,
+    put,
+    store_opts,
+)
 
 
 @pytest.fixture
 def mopts(tmp_path):
-    pki = tmp_path / "pki"
-    for name in ("minions", "minions_pre", "minions_rejected", "minions_denied"):
-        (pki / name).mkdir(parents=True)
-    (tmp_path / "cache").mkdir()
-    return {
-        "pki_dir": str(pki),
-        "cachedir": str(tmp_path / "cache"),
-        "id": "master1",
-        "keys.cache_driver": "localfs_key",
-        "user": None,
-    }
-
-
-def where(mopts, minion_id):
-    return sorted(
-        name
-        for name in ("minions", "minions_pre", "minions_rejected", "minions_denied")
-        if os.path.isfile(os.path.join(mopts["pki_dir"], name, minion_id))
-    )
-
-
-def test_write_leaves_one_state_and_no_temp_files(mopts):
-    ks.write(mopts, [("web1", "pending", PEM)])
-    ks.write(mopts, [("web1", "accepted", PEM)])
-    assert where(mopts, "web1") == ["minions"]
-    with open(os.path.join(mopts["pki_dir"], "minions", "web1"), encoding="utf-8") as fh:
-        assert fh.read() == PEM
-    assert os.listdir(os.path.join(mopts["pki_dir"], ks.TMP_DIR)) == []
-    assert not ks.repair_needed(mopts)
-
-
-def test_deny_sits_beside_the_key_and_delete_removes_everything(mopts):
-    ks.write(mopts, [("web1", "accepted", PEM), ("web1", "denied", PEM)])
-    assert where(mopts, "web1") == ["minions", "minions_denied"]
-    entries, _ = ks.inventory(mopts)
-    assert entries["web1"][0] == "accepted" and len(entries["web1"]) == 3
-    ks.write(mopts, [("web1", None, None)])
-    assert where(mopts, "web1") == []
+    return store_opts(tmp_path)
 
 
 def test_inventory_follows_salts_priority_for_an_id_in_two_dirs(mopts):
@@ -72,53 +44,23 @@ def test_inventory_follows_salts_priority_for_an_id_in_two_dirs(mopts):
     assert entries["web1"][0] == "rejected"
 
 
-def test_repair_finishes_what_an_interrupted_run_left(mopts):
-    pki = mopts["pki_dir"]
-    os.makedirs(os.path.join(pki, ks.TMP_DIR))
-    with open(os.path.join(pki, ks.TMP_DIR, "tmpabc123"), "w", encoding="utf-8") as fh:
-        fh.write(PEM)
-    for name in ("minions", "minions_pre"):
-        with open(os.path.join(pki, name, "web1"), "w", encoding="utf-8") as fh:
-            fh.write(PEM)
-    assert ks.repair_needed(mopts)
-    assert ks.repair(mopts) == ["web1"]
-    assert where(mopts, "web1") == ["minions_pre"]
-    assert os.listdir(os.path.join(pki, ks.TMP_DIR)) == []
-    assert not ks.repair_needed(mopts)
-
-
-@pytest.mark.parametrize("bad", ["../x", ".hidden", "-rf", "m*", "a,b", "a\nb", "x" * 300])
-def test_bad_ids_are_refused_before_anything_is_written(mopts, bad):
-    with pytest.raises(SaltInvocationError, match="not a valid id"):
-        ks.write(mopts, [("good", "accepted", PEM), (bad, "accepted", PEM)])
-    assert where(mopts, "good") == []
-
-
 def test_fingerprint_cache_rereads_only_replaced_files(mopts):
     other = pub_pem(rsa_private(tag=3))
-    ks.write(mopts, [("web1", "accepted", PEM), ("web2", "accepted", PEM)])
+    multimaster_keywrite.write(mopts, [("web1", "accepted", PEM), ("web2", "accepted", PEM)])
     first = ks.FingerprintCache()
     entries, _ = ks.inventory(mopts, fp_cache=first)
     assert first.reads == 2 and first.changed
     again = ks.FingerprintCache(first.seen)
     assert ks.inventory(mopts, fp_cache=again)[0] == entries
     assert again.reads == 0 and not again.changed
-    ks.write(mopts, [("web2", "accepted", other)])  # a rename: new inode
+    multimaster_keywrite.write(mopts, [("web2", "accepted", other)])  # a rename: new inode
     third = ks.FingerprintCache(again.seen)
     entries, _ = ks.inventory(mopts, fp_cache=third)
     assert third.reads == 1
-    assert entries["web2"][1] == ks.multimaster_keys.fingerprint(other)
+    assert entries["web2"][1] == multimaster_keys.fingerprint(other)
 
 
-# --- hardening: locks, apply, inventory reads, fingerprint cache -----------------------------
-
-OTHER = pub_pem(rsa_private(tag=3))
-FP, OTHER_FP = (ks.multimaster_keys.fingerprint(p) for p in (PEM, OTHER))
-
-
-def put(mopts, name, minion_id, text=PEM):
-    with open(os.path.join(mopts["pki_dir"], name, minion_id), "w", encoding="utf-8") as fh:
-        fh.write(text)
+# --- hardening: locks, inventory reads, fingerprint cache ----------------------------------------
 
 
 def test_the_lock_excludes_a_second_run_and_names_its_file_on_timeout(mopts):
@@ -154,139 +96,13 @@ def test_a_cluster_store_is_locked_in_the_cluster_pki_dir(mopts, tmp_path):
         assert (cluster / ".multimaster.lock").is_file()
 
 
-def _accept_web1(mopts):
-    ks.apply_actions(mopts, [({"id": "web1", "op": "accept", "fp": FP, "expect": None}, PEM)])
-
-
-@pytest.mark.parametrize(
-    "run",
-    [
-        lambda m: ks.write(m, [("web1", "accepted", PEM)]),
-        _accept_web1,
-        lambda m: ks.repair(m),
-    ],
-    ids=["write", "apply_actions", "repair"],
-)
-def test_writes_and_repairs_wait_for_the_lock(mopts, run):
-    # The other run has a file staged: a repair that does not wait would delete it.
-    staged = os.path.join(mopts["pki_dir"], ks.TMP_DIR, "tmpother")
-    os.makedirs(os.path.dirname(staged), mode=0o700)
-    release, thread = holding_the_lock(mopts)
-    with open(staged, "w", encoding="utf-8") as fh:
-        fh.write(PEM)
-    worker = threading.Thread(target=run, args=(mopts,))
-    worker.start()
-    time.sleep(0.3)
-    assert worker.is_alive()
-    assert os.path.exists(staged) and where(mopts, "web1") == []
-    os.unlink(staged)  # the other run renames it into place before it lets go
-    release.set()
-    thread.join()
-    worker.join(5)
-    assert not worker.is_alive()
-
-
-def test_apply_actions_sets_only_what_is_still_as_planned(mopts):
-    put(mopts, "minions", "gone")
-    put(mopts, "minions_pre", "new", OTHER)
-    planned, _ = ks.inventory(mopts)
-    put(mopts, "minions", "moved", OTHER)  # appeared after the plan
-    checked = [
-        ({"id": "gone", "op": "delete", "fp": None, "expect": planned["gone"]}, None),
-        ({"id": "new", "op": "accept", "fp": OTHER_FP, "expect": tuple(planned["new"])}, OTHER),
-        ({"id": "moved", "op": "pend", "fp": FP, "expect": None}, PEM),
-        ({"id": "fresh", "op": "reject", "fp": FP, "expect": None}, PEM),
-    ]
-    result = ks.apply_actions(mopts, checked)
-    assert result["done"] == [
-        {"id": "gone", "op": "delete"},
-        {"id": "new", "op": "accept"},
-        {"id": "fresh", "op": "reject"},
-    ]
-    assert [(s["id"], s["op"]) for s in result["skipped"]] == [("moved", "pend")]
-    assert "changed since planned" in result["skipped"][0]["reason"]
-    assert result["rotated"] and result["repaired"] == []
-    assert os.path.isfile(os.path.join(mopts["cachedir"], ".dfn"))
-    assert where(mopts, "gone") == [] and where(mopts, "new") == ["minions"]
-    assert where(mopts, "moved") == ["minions"] and where(mopts, "fresh") == ["minions_rejected"]
-
-
-def test_apply_actions_rotates_only_when_an_accepted_key_is_removed(mopts):
-    put(mopts, "minions_pre", "web1")
-    expect = ["pending", FP]
-    result = ks.apply_actions(mopts, [({"id": "web1", "op": "delete", "expect": expect}, None)])
-    assert result["done"] == [{"id": "web1", "op": "delete"}] and not result["rotated"]
-    assert not os.path.exists(os.path.join(mopts["cachedir"], ".dfn"))
-
-
-def test_a_reject_between_plan_and_apply_wins(mopts):
-    put(mopts, "minions_pre", "web1")
-    planned, _ = ks.inventory(mopts)
-    # salt-key -r web1 on this master after the plan:
-    os.rename(
-        *(os.path.join(mopts["pki_dir"], d, "web1") for d in ("minions_pre", "minions_rejected"))
-    )
-    action = {"id": "web1", "op": "accept", "fp": FP, "expect": planned["web1"]}
-    result = ks.apply_actions(mopts, [(action, PEM)])
-    assert result["done"] == [] and result["skipped"][0]["id"] == "web1"
-    assert where(mopts, "web1") == ["minions_rejected"]
-
-
-def test_a_reject_after_the_locked_read_still_wins(mopts, monkeypatch):
-    # salt-key takes no lock: it can land between apply_actions' read and its write.
-    put(mopts, "minions_pre", "web1")
-    planned = ks.inventory(mopts)
-    put(mopts, "minions_rejected", "web1")
-    monkeypatch.setattr(ks, "inventory", lambda *a, **k: planned)
-    action = {"id": "web1", "op": "accept", "fp": FP, "expect": planned[0]["web1"]}
-    result = ks.apply_actions(mopts, [(action, PEM)])
-    assert result["done"] == []
-    assert result["skipped"] == [
-        {"id": "web1", "op": "accept", "reason": "rejected after the plan"}
-    ]
-    assert "minions_rejected" in where(mopts, "web1") and "minions" not in where(mopts, "web1")
-
-
-def test_an_accept_never_removes_a_rejected_file(mopts):
-    put(mopts, "minions_rejected", "web1")
-    skipped = ks.write(mopts, [("web1", "accepted", PEM)])
-    assert skipped == [{"id": "web1", "state": "accepted", "reason": "rejected after the plan"}]
-    assert where(mopts, "web1") == ["minions_rejected"]
-    assert os.listdir(os.path.join(mopts["pki_dir"], ks.TMP_DIR)) == []
-
-
-def test_an_accept_of_a_denied_key_is_skipped_but_a_spoof_record_does_not_block(mopts):
-    put(mopts, "minions_denied", "web1")
-    put(mopts, "minions_denied", "web2", OTHER)
-    skipped = ks.write(mopts, [("web1", "accepted", PEM), ("web2", "accepted", PEM)])
-    assert skipped == [{"id": "web1", "state": "accepted", "reason": "denied after the plan"}]
-    assert where(mopts, "web1") == ["minions_denied"]
-    assert where(mopts, "web2") == ["minions", "minions_denied"]
-
-
-def test_repair_keeps_rejected_over_accepted(mopts):
-    put(mopts, "minions", "web1")
-    put(mopts, "minions_rejected", "web1")
-    assert ks.repair(mopts) == ["web1"]
-    assert where(mopts, "web1") == ["minions_rejected"]
-
-
 def test_a_symlinked_state_dir_is_not_read_and_is_reported(mopts, tmp_path, caplog):
-    outside = tmp_path / "etc"
-    outside.mkdir()
-    (outside / "shadow").write_text("root:$6$secret:19000:0:99999:7:::\n")
-    (outside / "web1").write_text(PEM)
-    pre = os.path.join(mopts["pki_dir"], "minions_pre")
-    os.rmdir(pre)
-    os.symlink(outside, pre)
+    _, pre = link_pending_dir(mopts, tmp_path)
     entries, pubs = ks.inventory(mopts, with_pubs=True)
     assert entries == {} and pubs == {}
     assert "minions_pre" in caplog.text
     problems = ks.store_problems(mopts)
     assert len(problems) == 1 and pre in problems[0] and "symbolic link" in problems[0]
-    with pytest.raises(CommandExecutionError, match="symbolic link"):
-        ks.write(mopts, [("web1", "pending", PEM)])
-    assert sorted(os.listdir(outside)) == ["shadow", "web1"]
 
 
 def test_a_store_without_problems_reports_none(mopts):
@@ -389,7 +205,7 @@ def test_own_master_options_leave_the_formulas_files_out(tmp_path):
     assert ks.own_master_options(str(tmp_path / "none")) == {}
 
 
-# --- what this master held --------------------------------------------------------------------
+# --- what this master held -----------------------------------------------------------------------
 
 
 def note_all(mopts, now, ids=None):
@@ -435,13 +251,6 @@ def test_a_read_of_some_ids_records_only_those(mopts):
     assert ks.held_before(mopts, "web3", now=after) == FP
 
 
-def test_apply_actions_records_what_it_leaves(mopts):
-    ks.apply_actions(mopts, [({"id": "web1", "op": "accept", "fp": FP, "expect": None}, PEM)])
-    assert ks.held_before(mopts, "web1") == FP
-    ks.apply_actions(mopts, [({"id": "web1", "op": "delete", "expect": ["accepted", FP]}, None)])
-    assert ks.held_before(mopts, "web1", now=time.time() + ks.HELD_GRACE + 1) is None
-
-
 def test_the_record_is_private_and_a_planted_link_is_neither_read_nor_followed(mopts, tmp_path):
     put(mopts, "minions", "web1")
     note_all(mopts, now=100)
@@ -470,41 +279,3 @@ def test_a_record_that_is_not_one_holds_nothing(mopts, content):
     put(mopts, "minions", "web2")
     note_all(mopts, now=100)
     assert ks.held_before(mopts, "web2", now=100) == FP
-
-
-class TornIndexCache:
-    """
-    What Salt 3008's ``mmap_key`` showed after a ``kill -9`` mid-write: the record is there for
-    ``fetch`` but missing from ``list``, and ``store`` updates a present record in place.
-    """
-
-    def __init__(self, torn):
-        self.records, self.listed = dict(torn), set()
-
-    def list(self, bank):
-        return sorted(self.listed) if bank == "keys" else []
-
-    def list_all(self, bank, include_data=False):
-        return {k: self.records[k] for k in self.listed} if bank == "keys" else {}
-
-    def fetch(self, bank, key):
-        return self.records.get(key) if bank == "keys" else None
-
-    def store(self, bank, key, data):
-        if key not in self.records:
-            self.listed.add(key)
-        self.records[key] = data
-
-    def flush(self, bank, key=None):
-        self.records.pop(key, None)
-        self.listed.discard(key)
-
-
-def test_a_record_an_interrupted_mmap_write_left_unlisted_is_listed_again(mopts, monkeypatch):
-    torn = TornIndexCache({"web1": {"state": "accepted", "pub": PEM}})
-    monkeypatch.setattr(ks, "_cache", lambda _: torn)
-    monkeypatch.setattr(ks, "_localfs", lambda _: False)
-    mopts["keys.cache_driver"] = "mmap_key"
-    assert ks.inventory(mopts)[0] == {}
-    ks.write(mopts, [("web1", "accepted", PEM)])
-    assert list(ks.inventory(mopts)[0]) == ["web1"]
