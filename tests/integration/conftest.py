@@ -4,10 +4,9 @@ Fixtures for the integration tests: real salt-master/salt-minion daemons on loop
 Each test module sets ``PREFIX`` (daemon ids) and ``PORTS`` (its own publish/ret pair). Its
 master1 binds 127.0.0.2 and its master2 binds 127.0.0.3 on those same ports, as in Salt's own
 multimaster scenario tests. Keys are accepted explicitly with ``salt-key``; master2 gets master1's
-keypair before it first starts.
+keypair before it first starts. Every daemon is made, started and stopped through the module's
+``daemons`` (a ``kit.DaemonSet``).
 """
-
-import contextlib
 
 import pytest
 
@@ -17,11 +16,10 @@ from .harness import (
     KeyAcceptor,
     PillarTree,
     copy_master_keypair,
-    kill_daemons_of,
-    master_overrides,
     minion_overrides,
     share_minion_key,
 )
+from .kit import DaemonSet
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +36,16 @@ def salt_factories_config(tmp_path_factory):
         "start_timeout": START_TIMEOUT,
         "slow_stop": False,
     }
+
+
+@pytest.fixture(scope="module")
+def daemons(salt_factories):
+    """
+    The module's ``kit.DaemonSet``: every master and minion the module's fixtures make or start
+    through it is stopped at module end, with whatever replaced it.
+    """
+    with DaemonSet(salt_factories) as daemon_set:
+        yield daemon_set
 
 
 @pytest.fixture(scope="module")
@@ -64,61 +72,53 @@ def key_acceptor():
 
 
 @pytest.fixture(scope="module")
-def master1_factory(salt_factories, prefix, ports, pillar_tree, key_acceptor):
-    return salt_factories.salt_master_daemon(
-        f"{prefix}-master1",
-        overrides=master_overrides(MASTER_HOSTS[0], ports, pillar_tree.root),
-        on_auth_event_callback=key_acceptor,
+def master1_factory(daemons, prefix, ports, pillar_tree, key_acceptor):
+    return daemons.master(
+        f"{prefix}-master1", MASTER_HOSTS[0], ports, pillar_tree.root, auth=key_acceptor
     )
 
 
 @pytest.fixture(scope="module")
-def master1(master1_factory):
-    with master1_factory.started(start_timeout=START_TIMEOUT):
-        yield master1_factory
+def master1(daemons, master1_factory):
+    daemons.start(master1_factory, timeout=START_TIMEOUT)
+    return master1_factory
 
 
 @pytest.fixture(scope="module")
-def master2_factory(salt_factories, prefix, ports, pillar_tree, key_acceptor, master1):
+def master2_factory(daemons, prefix, ports, pillar_tree, key_acceptor, master1):
     """
     master2 on 127.0.0.3, same ports, holding master1's keypair (hot minions cache one key).
     """
-    factory = salt_factories.salt_master_daemon(
-        f"{prefix}-master2",
-        overrides=master_overrides(MASTER_HOSTS[1], ports, pillar_tree.root),
-        on_auth_event_callback=key_acceptor,
+    factory = daemons.master(
+        f"{prefix}-master2", MASTER_HOSTS[1], ports, pillar_tree.root, auth=key_acceptor
     )
     copy_master_keypair(master1, factory)
     return factory
 
 
 @pytest.fixture(scope="module")
-def master2(master2_factory):
-    with master2_factory.started(start_timeout=START_TIMEOUT):
-        yield master2_factory
+def master2(daemons, master2_factory):
+    daemons.start(master2_factory, timeout=START_TIMEOUT)
+    return master2_factory
 
 
 @pytest.fixture(scope="module")
-def start_minion(key_acceptor, ports):
+def start_minion(daemons, key_acceptor, ports):
     """
     ``start_minion(master, minion_id, share_with=(), **overrides)`` starts a minion that knows
     only ``master``, accepts its key there with ``salt-key``, copies the accepted key to the
     masters in ``share_with``, and returns the factory.
 
-    At module end it stops the factory's process and whatever replaced it: a restart by
+    At module end ``daemons`` stops the factory's process and whatever replaced it: a restart by
     ``multimaster.minion_restarted`` re-launches the minion as a ``-d`` daemon (and may leave a
     watcher waiting) that the factory does not track.
     """
-    with contextlib.ExitStack() as stack:
 
-        def start(master, minion_id, /, share_with=(), **overrides):
-            overrides = minion_overrides(master.config["interface"], ports, **overrides)
-            factory = master.salt_minion_daemon(minion_id, overrides=overrides)
-            stack.callback(kill_daemons_of, factory.config_dir)
-            stack.callback(factory.terminate)
-            key_acceptor.expect(minion_id)
-            factory.start(start_timeout=START_TIMEOUT)
-            share_minion_key(minion_id, master, share_with)
-            return factory
+    def start(master, minion_id, /, share_with=(), **overrides):
+        overrides = minion_overrides(master.config["interface"], ports, **overrides)
+        factory = daemons.minion(master, minion_id, overrides, acceptor=key_acceptor)
+        daemons.start(factory, timeout=START_TIMEOUT)
+        share_minion_key(minion_id, master, share_with)
+        return factory
 
-        yield start
+    return start

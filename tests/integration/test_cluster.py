@@ -6,7 +6,6 @@ HAProxy on 127.0.0.5 that ``multimaster.haproxy`` configured and started, and mi
 only the balancer.
 """
 
-import contextlib
 import copy
 import hashlib
 import json
@@ -106,19 +105,62 @@ def sync_pillar(pillar_dir, section):
 
 
 @pytest.fixture(scope="module")
-def cluster_set(salt_factories, tmp_path_factory):
+def cluster_set(daemons, salt_factories, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"{PREFIX}-set")
     pillar_dir = root / "pillar"
     formula = harness.copy_formula(tmp_path_factory.mktemp(f"{PREFIX}-formula"))
     lb_dir = root / "lb"
+    masters, entries = make_masters(daemons, tmp_path_factory, pillar_dir)
+    section = cluster_section(entries, formula, pillar_dir, lb_dir)
+    write_cluster_pillar(pillar_dir, section)
+    local, direct = minion_options(formula, pillar_dir)
+    started = time.monotonic()
+    cms, lb = apply_on_bare_hosts(daemons, masters, direct)
+    # Read at teardown: a reload leaves a new haproxy behind the same pidfile.
+    daemons.stack.callback(
+        lambda: devkit.stop_pids([pid] if (pid := harness.read_pid(lb_dir / "haproxy.pid")) else [])
+    )
+    applied = time.monotonic() - started
+    # One at a time: cluster masters that start together race their joins (docs/cluster.md).
+    for factory in masters:
+        daemons.start(factory)
+    mopts = [multimaster_keystore.master_opts(m.config_dir) for m in masters]
+    pki_dirs = [o["cluster_pki_dir"] for o in mopts]
+    harness.wait_for(
+        lambda: cluster_formed(masters, pki_dirs), FORM_TIMEOUT, 2, "the cluster to form"
+    )
+    formed = time.monotonic() - started - applied
+    minions = [
+        daemons.minion(masters[0], minion_id, harness.minion_overrides(BALANCER, PORTS))
+        for minion_id in MINIONS
+    ]
+    start_minions(daemons, mopts, [*minions, *cms, lb])
+    print(f"\ncluster: formula applied in {applied:.1f} s, formed in {formed:.1f} s")
+    return {
+        "masters": masters,
+        "cms": cms,
+        "minions": minions,
+        "mopts": mopts,
+        "section": section,
+        "pillar_dir": pillar_dir,
+        "local": local,
+        "direct": direct,
+        "lb": lb,
+        "lb_dir": lb_dir,
+        "stack": daemons.stack,
+        "factories": salt_factories,
+    }
+
+
+def make_masters(daemons, tmp_path_factory, pillar_dir):
+    """
+    The three master factories (not started) and their ``multimaster:masters`` entries, each
+    master with roots of its own.
+    """
     masters = [
         # Salt's cluster names a peer by its id and dials it by the same string.
-        salt_factories.salt_master_daemon(
-            host,
-            overrides=harness.master_overrides(host, PORTS, pillar_dir, serve_repo=False),
-            on_auth_event_callback=lambda *_: None,
-        )
-        for i, host in enumerate(HOSTS)
+        daemons.master(host, host, PORTS, pillar_dir, serve_repo=False)
+        for host in HOSTS
     ]
     entries = [
         devkit.master_entry(
@@ -130,7 +172,67 @@ def cluster_set(salt_factories, tmp_path_factory):
         )
         for i, m in enumerate(masters)
     ]
-    section = devkit.multimaster_section(
+    return masters, entries
+
+
+def minion_options(formula, pillar_dir):
+    """
+    ``(local, direct)``: the ``salt-call --local`` options of a bare host, and
+    ``direct(host)``, the options of a control minion connected to the master at ``host``.
+    """
+    local = {
+        "file_client": "local",
+        "file_roots": {"base": [str(formula)]},
+        "pillar_roots": {"base": [str(pillar_dir)]},
+    }
+
+    # The control minions run as daemons for the orchestrations, each connected to its own
+    # master (the balancer's minion to the first), as docs/cluster.md advises: a master's own
+    # minions must not depend on the balancer. Jobs from any master reach them through the
+    # cluster. ``salt-call --local`` applies the formula on them as on a bare host.
+    def direct(host):
+        return {
+            **{k: v for k, v in local.items() if k != "file_client"},
+            **harness.minion_overrides(host, PORTS),
+        }
+
+    return local, direct
+
+
+def apply_on_bare_hosts(daemons, masters, direct):
+    """
+    The control minions (one per master) and the balancer's minion, made but not started:
+    ``multimaster.cluster`` applied on each control minion and ``multimaster.haproxy`` on the
+    balancer's with ``salt-call --local``, before any master starts.
+    """
+    cms = []
+    for index, master in enumerate(masters):
+        cms.append(daemons.minion(master, control_minion_id(index), direct(HOSTS[index])))
+        apply_local(cms[-1], "multimaster.cluster")
+    lb = daemons.minion(masters[0], f"{PREFIX}-lb", direct(HOSTS[0]))
+    apply_local(lb, "multimaster.haproxy")
+    return cms, lb
+
+
+def start_minions(daemons, mopts, minions):
+    """
+    Give each of ``minions`` a keypair, accepted on every peer (key consistency is the tool's
+    job in a cluster), then start them: the cluster formed and every key is in place, so they
+    start at once.
+    """
+    for factory in minions:
+        pub = harness.give_keypair(factory)
+        for opts in mopts:
+            multimaster_keywrite.write(opts, [(factory.id, "accepted", pub)])
+    daemons.start(*minions)
+
+
+def cluster_section(entries, formula, pillar_dir, lb_dir):
+    """
+    The ``multimaster`` section of the set: cluster mode behind the balancer, isolated
+    filesystem, the keys reactor on.
+    """
+    return devkit.multimaster_section(
         entries,
         PORTS,
         mode="cluster",
@@ -150,6 +252,12 @@ def cluster_set(salt_factories, tmp_path_factory):
             },
         },
     )
+
+
+def write_cluster_pillar(pillar_dir, section):
+    """
+    The pillar of the set, copied into every master's own ``pillar_roots``.
+    """
     # The secret is targeted at the control minions of the masters only.
     devkit.write_config(
         pillar_dir / "top.sls",
@@ -160,79 +268,6 @@ def cluster_set(salt_factories, tmp_path_factory):
         pillar_dir / "cluster_secret.sls", {"multimaster": {"cluster": {"secret": SECRET}}}
     )
     sync_pillar(pillar_dir, section)
-    local = {
-        "file_client": "local",
-        "file_roots": {"base": [str(formula)]},
-        "pillar_roots": {"base": [str(pillar_dir)]},
-    }
-
-    # The control minions run as daemons for the orchestrations, each connected to its own
-    # master (the balancer's minion to the first), as docs/cluster.md advises: a master's own
-    # minions must not depend on the balancer. Jobs from any master reach them through the
-    # cluster. ``salt-call --local`` applies the formula on them as on a bare host.
-    def direct(host):
-        return {
-            **{k: v for k, v in local.items() if k != "file_client"},
-            **harness.minion_overrides(host, PORTS),
-        }
-
-    with contextlib.ExitStack() as stack:
-        started = time.monotonic()
-        cms = []
-        for index, master in enumerate(masters):
-            cms.append(
-                master.salt_minion_daemon(control_minion_id(index), overrides=direct(HOSTS[index]))
-            )
-            apply_local(cms[-1], "multimaster.cluster")
-        lb = masters[0].salt_minion_daemon(f"{PREFIX}-lb", overrides=direct(HOSTS[0]))
-        apply_local(lb, "multimaster.haproxy")
-        # Read at teardown: a reload leaves a new haproxy behind the same pidfile.
-        stack.callback(
-            lambda: devkit.stop_pids(
-                [pid] if (pid := harness.read_pid(lb_dir / "haproxy.pid")) else []
-            )
-        )
-        applied = time.monotonic() - started
-        for factory in masters:
-            stack.callback(kill_daemons_of, factory.config_dir)
-            stack.callback(factory.terminate)
-        for factory in masters:
-            factory.start(start_timeout=START_TIMEOUT)
-        mopts = [multimaster_keystore.master_opts(m.config_dir) for m in masters]
-        pki_dirs = [o["cluster_pki_dir"] for o in mopts]
-        harness.wait_for(
-            lambda: cluster_formed(masters, pki_dirs), FORM_TIMEOUT, 2, "the cluster to form"
-        )
-        formed = time.monotonic() - started - applied
-        minions = [
-            masters[0].salt_minion_daemon(
-                minion_id, overrides=harness.minion_overrides(BALANCER, PORTS)
-            )
-            for minion_id in MINIONS
-        ]
-        for factory in [*minions, *cms, lb]:
-            pub = harness.give_keypair(factory)
-            # Key consistency is the tool's job in a cluster: accepted on every peer.
-            for opts in mopts:
-                multimaster_keywrite.write(opts, [(factory.id, "accepted", pub)])
-            stack.callback(kill_daemons_of, factory.config_dir)
-            stack.callback(factory.terminate)
-            factory.start(start_timeout=START_TIMEOUT)
-        print(f"\ncluster: formula applied in {applied:.1f} s, formed in {formed:.1f} s")
-        yield {
-            "masters": masters,
-            "cms": cms,
-            "minions": minions,
-            "mopts": mopts,
-            "section": section,
-            "pillar_dir": pillar_dir,
-            "local": local,
-            "direct": direct,
-            "lb": lb,
-            "lb_dir": lb_dir,
-            "stack": stack,
-            "factories": salt_factories,
-        }
 
 
 def answers(master, timeout=10, target=f"{PREFIX}-minion*"):

@@ -20,7 +20,6 @@ from .harness import (
     assert_states_ok,
     devkit,
     master_entry,
-    master_overrides,
     multimaster_pillar,
 )
 
@@ -85,21 +84,19 @@ def bare_repo(tmp_path_factory, pygit2_usable_by_gitfs):
 
 
 @pytest.fixture(scope="module")
-def master1_factory(salt_factories, ports, pillar_tree, key_acceptor, bare_repo):
+def master1_factory(daemons, ports, pillar_tree, key_acceptor, bare_repo):
     """
     master1 whose only file server backend is gitfs (pygit2) on the bare repository.
     """
-    factory = salt_factories.salt_master_daemon(
+    factory = daemons.master(
         f"{PREFIX}-master1",
-        overrides=master_overrides(
-            MASTER_HOSTS[0],
-            ports,
-            pillar_tree.root,
-            serve_repo=False,
-            gitfs_provider="pygit2",
-            gitfs_remotes=[bare_repo.as_uri()],
-        ),
-        on_auth_event_callback=key_acceptor,
+        MASTER_HOSTS[0],
+        ports,
+        pillar_tree.root,
+        auth=key_acceptor,
+        serve_repo=False,
+        gitfs_provider="pygit2",
+        gitfs_remotes=[bare_repo.as_uri()],
     )
     # The factory merges lists into its default [roots]; master.d replaces the key outright.
     conf_d = pathlib.Path(factory.config_dir) / "master.d"

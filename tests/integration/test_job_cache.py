@@ -112,9 +112,9 @@ def applied(master1, control_minions):
 
 
 @pytest.fixture(scope="module")
-def master2(master2_factory, applied):
-    with master2_factory.started(start_timeout=START_TIMEOUT):
-        yield master2_factory
+def master2(daemons, master2_factory, applied):
+    daemons.start(master2_factory, timeout=START_TIMEOUT)
+    return master2_factory
 
 
 @pytest.fixture(scope="module")

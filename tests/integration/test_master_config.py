@@ -90,10 +90,10 @@ def master_applied(master1, control_minion):
 
 
 @pytest.fixture(scope="module")
-def master2(master2_factory, master_applied):
+def master2(daemons, master2_factory, master_applied):
     assert_states_ok(master_applied)
-    with master2_factory.started(start_timeout=START_TIMEOUT):
-        yield master2_factory
+    daemons.start(master2_factory, timeout=START_TIMEOUT)
+    return master2_factory
 
 
 def listening(pid):

@@ -4,7 +4,6 @@ master host whose control minion is accepted on the primary and whose entry is a
 pillar, and a hot minion pinged from master1 once a second while the orchestration runs.
 """
 
-import contextlib
 import itertools
 import json
 import pathlib
@@ -15,8 +14,8 @@ import multimaster_settings
 import pytest
 import yaml
 
-from . import harness
-from .harness import START_TIMEOUT, Ports, devkit, kill_daemons_of
+from . import harness, kit
+from .harness import Ports, devkit
 from .keys import keytools
 
 pytestmark = pytest.mark.integration
@@ -39,7 +38,7 @@ def control_id(index):
 
 
 @pytest.fixture(scope="module")
-def orch_set(salt_factories, tmp_path_factory):
+def orch_set(daemons, tmp_path_factory):
     """
     master1/master2 hot with one keypair and the two-master section in master.d; master3 up
     with its own key and no multimaster config; cm1/cm2 and the hot minion connected to
@@ -49,11 +48,7 @@ def orch_set(salt_factories, tmp_path_factory):
     formula = harness.copy_formula(tmp_path_factory.mktemp(f"{PREFIX}-formula"))
     roots = {"file_roots": {"base": [str(formula)]}, "pillar_roots": {"base": [str(pillar_dir)]}}
     masters = [
-        salt_factories.salt_master_daemon(
-            master_id(i),
-            overrides=harness.master_overrides(host, PORTS, pillar_dir, **roots),
-            on_auth_event_callback=lambda *_: None,
-        )
+        daemons.master(master_id(i), host, PORTS, pillar_dir, **roots)
         for i, host in enumerate(HOSTS)
     ]
     entries = [
@@ -67,10 +62,32 @@ def orch_set(salt_factories, tmp_path_factory):
         "manage_services": True,
         "master": {**roots, "config": {"file_ignore_regex": harness.FILE_IGNORE_REGEX}},
     }
+    write_set_config(masters, entries, options, pillar_dir)
+    # One after another: master2 gets master1's keypair once master1 made it, then master3.
+    daemons.start(masters[0])
+    daemons.start(masters[1], keypair_from=masters[0])
+    daemons.start(masters[2])
+    minions = start_minions(daemons, masters)
+    kit.sync_minions(masters[0], "*")
+    kit.sync_runners(masters[0])
+
+    def drop_master3():
+        # The pillar as an operator taking master3 out leaves it.
+        devkit.write_multimaster_pillar(
+            pillar_dir, devkit.multimaster_section(entries[:2], PORTS, **options)
+        )
+
+    return masters, minions, drop_master3
+
+
+def write_set_config(masters, entries, options, pillar_dir):
+    """
+    The pillar of the three-master set; master1/master2's master.d as ``multimaster.master``
+    left them when the set had two masters.
+    """
     devkit.write_multimaster_pillar(
         pillar_dir, devkit.multimaster_section(entries, PORTS, **options)
     )
-    # master1/master2 as multimaster.master left them when the set had two masters.
     before = multimaster_settings.build(
         devkit.multimaster_section(entries[:2], PORTS, **options), DEFAULTS
     )
@@ -79,40 +96,28 @@ def orch_set(salt_factories, tmp_path_factory):
             pathlib.Path(factory.config_dir) / "master.d" / "multimaster.conf",
             multimaster_settings.master_config(before, before["masters"][index]),
         )
-    with contextlib.ExitStack() as stack:
-        for factory in masters:
-            stack.callback(kill_daemons_of, factory.config_dir)
-            stack.callback(factory.terminate)
-        masters[0].start(start_timeout=START_TIMEOUT)
-        harness.copy_master_keypair(masters[0], masters[1])
-        masters[1].start(start_timeout=START_TIMEOUT)
-        masters[2].start(start_timeout=START_TIMEOUT)
-        minions = []
+
+
+def start_minions(daemons, masters):
+    """
+    cm1, cm2 and the hot minion to master1 and master2, cm3 to master1 only, each key placed on
+    its masters; their masters are up and no key event is wanted, so they start at once.
+    """
+    minions = [
+        daemons.minion(
+            masters[0],
+            minion_id,
+            harness.minion_overrides(hosts[0], PORTS, master=list(hosts)),
+            preaccept_on=masters[: len(hosts)],
+        )
         for minion_id, hosts in [
             (control_id(0), HOSTS[:2]),
             (control_id(1), HOSTS[:2]),
             (control_id(2), HOSTS[:1]),
             (HOT, HOSTS[:2]),
-        ]:
-            overrides = harness.minion_overrides(hosts[0], PORTS, master=list(hosts))
-            factory = masters[0].salt_minion_daemon(minion_id, overrides=overrides)
-            stack.callback(kill_daemons_of, factory.config_dir)
-            stack.callback(factory.terminate)
-            harness.preaccept(factory, masters[: len(hosts)])
-            factory.start(start_timeout=START_TIMEOUT)
-            minions.append(factory)
-        ret = keytools.run_cli("salt", masters[0].config_dir, "--static", "*", "saltutil.sync_all")
-        assert ret.returncode == 0, ret
-        ret = keytools.run_cli("salt-run", masters[0].config_dir, "saltutil.sync_all")
-        assert ret.returncode == 0, ret
-
-        def drop_master3():
-            # The pillar as an operator taking master3 out leaves it.
-            devkit.write_multimaster_pillar(
-                pillar_dir, devkit.multimaster_section(entries[:2], PORTS, **options)
-            )
-
-        yield masters, minions, drop_master3
+        ]
+    ]
+    return daemons.start(*minions)
 
 
 def pings(master, stop, record):

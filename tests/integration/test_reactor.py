@@ -22,7 +22,7 @@ import time
 import multimaster_reactor
 import pytest
 
-from . import harness
+from . import harness, kit
 from .harness import MASTER_HOSTS, START_TIMEOUT, Ports, devkit, kill_daemons_of, wait_for
 from .keys import keytools
 
@@ -69,20 +69,21 @@ def state_tree(tmp_path_factory, counter):
 
 
 @pytest.fixture(scope="module")
-def masters(salt_factories, pillar_tree, state_tree):
+def masters(daemons, pillar_tree, state_tree):
     """
     master1/master2 hot, one keypair, the formula served by both, both reactors switched on,
     and each control minion's key accepted on both before anything starts.
     """
     file_roots = {"base": [str(state_tree), str(harness.REPO_ROOT)]}
     factories = [
-        salt_factories.salt_master_daemon(
+        # The default auth callback leaves keys pending: here only salt-key accepts one.
+        daemons.master(
             f"{PREFIX}-master{index + 1}",
-            overrides=harness.master_overrides(
-                host, PORTS, pillar_tree.root, file_roots=file_roots, log_level_logfile="info"
-            ),
-            # The factories accept every pending key by default: here only salt-key does.
-            on_auth_event_callback=lambda *_: None,
+            host,
+            PORTS,
+            pillar_tree.root,
+            file_roots=file_roots,
+            log_level_logfile="info",
         )
         for index, host in enumerate(MASTER_HOSTS)
     ]
@@ -99,60 +100,50 @@ def masters(salt_factories, pillar_tree, state_tree):
     for factory in factories:
         # The reactor loads the runners when the master starts: sync them first, as a user
         # does before applying multimaster.master (salt-run needs no running master for it).
-        ret = keytools.run_cli("salt-run", factory.config_dir, "saltutil.sync_all")
-        assert ret.returncode == 0 and "runners.multimaster" in ret.data["runners"], ret
-    try:
-        factories[0].start(start_timeout=START_TIMEOUT)
-        harness.copy_master_keypair(factories[0], factories[1])
-        factories[1].start(start_timeout=START_TIMEOUT)
-        yield factories, section
-    finally:
-        for factory in factories:
-            with contextlib.suppress(Exception):
-                factory.terminate()
-            kill_daemons_of(factory.config_dir)
+        kit.sync_runners(factory, check=True)
+    daemons.start(factories[0])
+    daemons.start(factories[1], keypair_from=factories[0])
+    return factories, section
 
 
 @pytest.fixture(scope="module")
-def reactor_set(masters, pillar_tree):
+def reactor_set(masters, daemons, pillar_tree):
     """
-    The masters plus their control minions (hot to both), the formula synced to the minions
-    and to both masters.
+    The masters plus their control minions (hot to both, started at once), the formula synced
+    to the minions and to both masters.
     """
     factories, section = masters
     master1, master2 = factories
     control = []
-    with contextlib.ExitStack() as stack:
-        for index in range(2):
-            minion_id = control_id(index)
-            pillar_tree.set(minion_id, {"multimaster": section})
-            factory = start_minion(master1, minion_id, stack)
-            harness.preaccept(factory, factories)
-            control.append(factory)
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda f: f.start(start_timeout=START_TIMEOUT), control))
-        ret = keytools.run_cli(
-            "salt", master1.config_dir, "--static", "--timeout=120", "-L",
-            ",".join(c.id for c in control), "saltutil.sync_all", timeout=240,
-        )  # fmt: skip
-        assert ret.returncode == 0, ret
-        for master in factories:
-            for minion in control:
-                harness.wait_for_ping(master.salt_cli(), minion.id, timeout=60)
-        yield master1, master2
+    for index in range(2):
+        minion_id = control_id(index)
+        pillar_tree.set(minion_id, {"multimaster": section})
+        control.append(daemons.minion(master1, minion_id, hot_options(), preaccept_on=factories))
+    daemons.start(*control)
+    kit.sync_minions(master1, control, salt_timeout=120, timeout=240)
+    for master in factories:
+        for minion in control:
+            harness.wait_for_ping(master.salt_cli(), minion.id, timeout=60)
+    return master1, master2
+
+
+def hot_options(**extra):
+    """
+    Options of a minion hot to both masters, plus ``extra``.
+    """
+    return harness.minion_overrides(MASTER_HOSTS[0], PORTS, master=list(MASTER_HOSTS), **extra)
 
 
 def start_minion(master, minion_id, stack, wait=True, **extra):
     """
     A minion hot to both masters (not started), with the minion options ``extra``; stopped,
-    with whatever replaced it, at the end.
+    with whatever replaced it, when ``stack`` closes.
     """
-    overrides = harness.minion_overrides(MASTER_HOSTS[0], PORTS, master=list(MASTER_HOSTS), **extra)
+    overrides = hot_options(**extra)
     if not wait:
-        overrides["pytest-minion"] = {"master-id": None}
+        overrides = kit.no_start_event(overrides)
     factory = master.salt_minion_daemon(minion_id, overrides=overrides)
-    stack.callback(kill_daemons_of, factory.config_dir)
-    stack.callback(factory.terminate)
+    stack.callback(kit.stop, factory)
     return factory
 
 

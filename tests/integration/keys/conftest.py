@@ -13,17 +13,17 @@ repository root), as a user would. master1's config holds the ``multimaster`` se
 ``multimaster.master`` state would have written to ``master.d``.
 
 Daemons that the code under test stopped and re-launched as ``-d`` daemons are no longer tracked
-by the factories: teardown kills whatever still runs with each daemon's config dir.
+by the factories: teardown (the integration conftest's ``daemons``, a ``kit.DaemonSet``) kills
+whatever still runs with each daemon's config dir.
 """
 
-import concurrent.futures
-import contextlib
 import dataclasses
 import pathlib
 
 import pytest
 
-from ..harness import KeyAcceptor, devkit, kill_daemons_of, master_overrides, minion_overrides
+from .. import kit
+from ..harness import KeyAcceptor, devkit, minion_overrides
 from . import keytools
 
 HOSTS = ("127.0.0.4", "127.0.0.5", "127.0.0.6")
@@ -72,8 +72,8 @@ class KeyCluster:
         return next(m for m in self.minions if m.id == minion_id)
 
 
-# ``prefix`` and ``ports`` (the test module's PREFIX and PORTS) come from the integration
-# conftest one directory up.
+# ``prefix``, ``ports`` (the test module's PREFIX and PORTS) and ``daemons`` come from the
+# integration conftest one directory up.
 
 
 @pytest.fixture(scope="module")
@@ -108,15 +108,6 @@ def key_acceptor(prefix):
     return PrimaryAcceptor(_master_id(prefix, 0))
 
 
-@pytest.fixture(scope="module")
-def cleanup():
-    """
-    An ExitStack unwound at module end (after the fixtures that registered on it).
-    """
-    with contextlib.ExitStack() as stack:
-        yield stack
-
-
 def _master_id(prefix, index):
     return f"{prefix}-master{index + 1}"
 
@@ -133,7 +124,7 @@ def master_options(request):
 
 @pytest.fixture(scope="module")
 def key_masters(
-    salt_factories,
+    daemons,
     tmp_path_factory,
     prefix,
     ports,
@@ -142,22 +133,21 @@ def key_masters(
     key_acceptor,
 ):
     """
-    master1..3 started, each with its own keypair; master1 knows the set (``multimaster:``).
+    master1..3 started (at once), each with its own keypair; master1 knows the set
+    (``multimaster:``).
     """
     pillar_dir = tmp_path_factory.mktemp(f"{prefix}-pillar")
     factories = [
-        salt_factories.salt_master_daemon(
+        daemons.master(
             _master_id(prefix, index),
-            overrides=master_overrides(
-                HOSTS[index],
-                ports,
-                pillar_dir,
-                serve_repo=index == 0,  # the formula is served by the primary
-                **MASTER_EXTRA,
-                **daemon_extra,
-                **master_options(index, pillar_dir),
-            ),
-            on_auth_event_callback=key_acceptor,
+            HOSTS[index],
+            ports,
+            pillar_dir,
+            auth=key_acceptor,
+            serve_repo=index == 0,  # the formula is served by the primary
+            **MASTER_EXTRA,
+            **daemon_extra,
+            **master_options(index, pillar_dir),
         )
         for index in range(3)
     ]
@@ -175,40 +165,15 @@ def key_masters(
         conf = pathlib.Path(factory.config_dir) / "master.d" / "multimaster.conf"
         devkit.write_config(conf, devkit.multimaster_master_options(section))
     devkit.write_multimaster_pillar(pillar_dir, section)
-    try:
-        _in_parallel(lambda f: f.start(start_timeout=START_TIMEOUT), factories)
-        yield factories, section
-    finally:
-        _stop_all(factories)
-
-
-def _in_parallel(fun, items):
-    """
-    ``[fun(item) ...]`` run in threads (daemon start-up is mostly waiting).
-    """
-    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-        return list(pool.map(fun, items))
-
-
-def _stop_all(factories):
-    """
-    Stop the factories' processes and whatever replaced them: the code under test may have
-    stopped a factory's daemon and started its own (``-d``, found by its config dir).
-    """
-
-    def stop(factory):
-        with contextlib.suppress(Exception):
-            factory.terminate()
-        kill_daemons_of(factory.config_dir)
-
-    _in_parallel(stop, list(factories))
+    daemons.start(*factories, timeout=START_TIMEOUT)
+    return factories, section
 
 
 @pytest.fixture(scope="module")
-def key_cluster(key_masters, prefix, ports, daemon_extra, key_acceptor, cleanup):
+def key_cluster(key_masters, daemons, prefix, ports, daemon_extra, key_acceptor):
     """
-    The masters plus one control minion per master (on master1, accepted there), with the
-    formula's modules synced to the minions and the runner synced to master1.
+    The masters plus one control minion per master (on master1, accepted there, started at
+    once), with the formula's modules synced to the minions and the runner synced to master1.
     """
     factories, section = key_masters
     master1 = factories[0]
@@ -217,39 +182,20 @@ def key_cluster(key_masters, prefix, ports, daemon_extra, key_acceptor, cleanup)
         hosts = list(master_hosts)
         overrides = minion_overrides(HOSTS[0], ports, **daemon_extra, **extra)
         overrides["master"] = hosts if len(hosts) > 1 else hosts[0]
-        if not wait:
-            # No start event to wait for (a key left pending): only the process is checked.
-            overrides["pytest-minion"] = {"master-id": None}
-        factory = master1.salt_minion_daemon(minion_id, overrides=overrides)
-        created.append(factory)
-        if accept:
-            key_acceptor.expect(minion_id)
+        acceptor = key_acceptor if accept else None
+        # wait=False: no start event to wait for (a key left pending): only the process is checked.
+        factory = daemons.minion(master1, minion_id, overrides, acceptor=acceptor, wait=wait)
         try:
-            factory.start(start_timeout=START_TIMEOUT)
+            daemons.start(factory, timeout=START_TIMEOUT)
         finally:
             key_acceptor.expected.discard(minion_id)
         started.append(factory)
         return factory
 
-    started, created = [], []
-    cleanup.callback(_stop_all, created)
-    control = _in_parallel(start_minion, [m["minion_id"] for m in section["masters"]])
-    ret = keytools.run_cli(
-        "salt",
-        master1.config_dir,
-        "--timeout=120",
-        "--static",
-        "-L",
-        ",".join(c.id for c in control),
-        "saltutil.sync_all",
-        timeout=240,
-    )
-    assert ret.returncode == 0, ret
-    for minion in control:
-        assert "modules.multimaster" in ret.data[minion.id]["modules"], ret
-    ret = keytools.run_cli("salt-run", master1.config_dir, "saltutil.sync_all", timeout=120)
-    assert ret.returncode == 0, ret
-    assert "runners.multimaster" in ret.data["runners"], ret
+    started = []
+    control = kit.in_threads(start_minion, [m["minion_id"] for m in section["masters"]])
+    kit.sync_minions(master1, control, salt_timeout=120, timeout=240, check=True)
+    kit.sync_runners(master1, timeout=120, check=True)
     return KeyCluster(
         masters=factories,
         control=control,
