@@ -25,8 +25,7 @@ COMPAT_TESTS := tests/unit/utils/test_multimaster_saltcompat.py \
 	tests/unit/modules/test_multimaster_peer_answers.py tests/integration/keys \
 	tests/integration/test_master_config.py tests/integration/test_local_apply.py
 
-.PHONY: venv demo down test test-hosts test-loopback test-compat test-compat-lines \
-	test-compat-3007 test-compat-3006 lint bench bench-tools reference
+.PHONY: venv demo down test test-compat lint bench bench-tools reference
 
 venv: $(VENV)/.installed
 
@@ -44,19 +43,11 @@ down: venv
 	$(PY) lab/lab.py down
 
 # Unit and functional tests on every core, each file in one process (its module fixtures, such
-# as the job cache's PostgreSQL on a fixed port, exist once); then the daemon suites in two
-# lanes side by side that share no address, port or directory: the separate hosts (network
-# namespaces on a bridge of their own) and the loopback daemons. Within a lane, one module at a
-# time (a lane's modules share ports). Each lane's output is printed when it ends.
+# as the job cache's PostgreSQL on a fixed port, exist once); then the daemon suites one at a
+# time (they share ports, and their timing bounds assume the machine to themselves).
 test: venv
 	$(PY) -m pytest -n auto --dist loadfile tests/unit tests/functional
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-hosts test-loopback
-
-test-hosts: venv
-	$(PY) -m pytest tests/integration/hosts
-
-test-loopback: venv
-	$(PY) -m pytest tests/integration --ignore=tests/integration/hosts
+	$(PY) -m pytest tests/integration
 
 # mmap_key is a Salt 3008 key-cache driver: the other lines have no key cache to test it on.
 # The forged return rides Salt 3008's unchecked resource_id, which the other lines lack.
@@ -65,18 +56,6 @@ COMPAT_SKIP := --ignore=tests/integration/keys/test_mmap.py \
 	--deselect tests/integration/keys/test_policy.py::test_a_return_forged_under_a_control_minion_s_id_is_refused
 test-compat: venv
 	$(PY) -m pytest $(COMPAT_TESTS) $(COMPAT_SKIP)
-
-# 3007 and 3006 side by side, each on its own loopback ports (tests/integration/harness.py adds
-# MULTIMASTER_TEST_PORT_OFFSET to every test module's ports; both ranges stay below 30000,
-# clear of the pinned line's and of the kernel's ephemeral ports).
-test-compat-lines:
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-compat-3007 test-compat-3006
-
-test-compat-3007:
-	MULTIMASTER_TEST_PORT_OFFSET=-2000 $(MAKE) --no-print-directory test-compat SALT=3007
-
-test-compat-3006:
-	MULTIMASTER_TEST_PORT_OFFSET=-4000 $(MAKE) --no-print-directory test-compat SALT=3006
 
 lint: venv
 	$(BIN)/ruff check .

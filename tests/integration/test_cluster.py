@@ -217,14 +217,16 @@ def apply_on_bare_hosts(daemons, masters, direct):
 def start_minions(daemons, mopts, minions):
     """
     Give each of ``minions`` a keypair, accepted on every peer (key consistency is the tool's
-    job in a cluster), then start them: the cluster formed and every key is in place, so they
-    start at once.
+    job in a cluster), then start them one at a time, as they always were here: several minions
+    signing in to a cluster that has just formed, two of them through the balancer, is a start-up
+    this suite has not measured.
     """
     for factory in minions:
         pub = harness.give_keypair(factory)
         for opts in mopts:
             multimaster_keywrite.write(opts, [(factory.id, "accepted", pub)])
-    daemons.start(*minions)
+    for factory in minions:
+        daemons.start(factory)
 
 
 def cluster_section(entries, formula, pillar_dir, lb_dir):
