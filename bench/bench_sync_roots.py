@@ -104,6 +104,7 @@ def tree_size(root):
 
 
 def parse_args():
+    """The command line: the tree's size (files, MB) and the turns of each measure."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--files", type=int, default=5000)
     parser.add_argument("--mb", type=int, default=200)

@@ -25,15 +25,16 @@ if str(REPO_ROOT) not in sys.path:
 
 from toolkit import devkit  # noqa: E402
 
-# Added to every test module's ports: runs of the suite side by side (one per Salt line, see
-# the Makefile's test-compat) must not bind the same loopback ports.
+# Added to every test module's ports, to run two suites side by side by hand (docs/development.md,
+# CI): they must not bind the same loopback ports.
 PORT_OFFSET_VARIABLE = "MULTIMASTER_TEST_PORT_OFFSET"
 
 
 def Ports(publish, ret):
     """
     The publish/ret pair every master of one test module binds (each on its own address),
-    shifted by ``$MULTIMASTER_TEST_PORT_OFFSET`` (default 0).
+    shifted by ``$MULTIMASTER_TEST_PORT_OFFSET`` (default 0): a ``devkit.Ports``, built under
+    the name the test modules use for it.
     """
     offset = port_offset()
     return devkit.Ports(publish=publish + offset, ret=ret + offset)

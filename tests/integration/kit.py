@@ -19,7 +19,9 @@ from .keys import keytools
 
 log = logging.getLogger(__name__)
 
-# Threads for starting or stopping daemons at once (start-up is mostly waiting for events).
+# Threads for starting or stopping daemons at once: a set's daemons that need nothing of each
+# other (the key plane's masters, the pre-accepted minions of a started set) overlap their
+# waits for the start event; a teardown kills them all at once.
 MAX_THREADS = 8
 
 
@@ -145,8 +147,10 @@ class DaemonSet:
 def sync_minions(master, minions, salt_timeout=None, timeout=300, check=False):
     """
     ``salt saltutil.sync_all`` through ``master`` on ``minions`` (factories, or a glob), as a
-    user syncs the formula: it must succeed; ``check``: each minion synced the execution module.
+    user syncs the formula: it must succeed; ``check`` (factories only): each minion synced the
+    execution module.
     """
+    assert not (check and isinstance(minions, str)), "check needs the minion factories"
     if isinstance(minions, str):
         target = [minions]
     else:

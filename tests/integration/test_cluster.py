@@ -217,9 +217,9 @@ def apply_on_bare_hosts(daemons, masters, direct):
 def start_minions(daemons, mopts, minions):
     """
     Give each of ``minions`` a keypair, accepted on every peer (key consistency is the tool's
-    job in a cluster), then start them one at a time, as they always were here: several minions
-    signing in to a cluster that has just formed, two of them through the balancer, is a start-up
-    this suite has not measured.
+    job in a cluster), then start them one at a time: several minions signing in at once to a
+    cluster that has just formed, two of them through the balancer, is a start-up this suite
+    does not cover.
     """
     for factory in minions:
         pub = harness.give_keypair(factory)
@@ -382,13 +382,13 @@ def secret_leaks(cluster_set, secret, masters):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert secret in path.read_text()
         allowed.add(path)
-    daemons = pathlib.Path(cluster_set["factories"].root_dir)
-    for path in daemons.glob(f"*/cache/pillar/{PREFIX}-cm*.p"):
+    root = pathlib.Path(cluster_set["factories"].root_dir)
+    for path in root.glob(f"*/cache/pillar/{PREFIX}-cm*.p"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         allowed.add(path)
     return [
         str(path)
-        for path in daemons.rglob("*")
+        for path in root.rglob("*")
         if path.is_file() and path not in allowed and secret.encode() in path.read_bytes()
     ]
 

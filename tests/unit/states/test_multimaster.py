@@ -139,3 +139,22 @@ def test_master_key_files_secure(state, tmp_path):
     assert ret["result"] is False
     assert ret["changes"] == {}
     assert ret["comment"] == f"{pki / 'master.pem'}: mode 0640; expected 0400"
+
+
+def test_job_cache_returner_installed_reads_the_minion_s_own_options(state, opts, tmp_path):
+    """
+    The loaded state hands its ``__opts__`` (this minion's ``extension_modules``, test mode) to
+    the library: the returner synced to this minion is what gets installed.
+    """
+    opts["extension_modules"] = str(tmp_path / "minion-extmods")
+    synced = tmp_path / "minion-extmods" / "returners" / "multimaster_pgjsonb.py"
+    synced.parent.mkdir(parents=True)
+    synced.write_bytes(b"# the formula's returner\n")
+    target = tmp_path / "master-cache" / "returners" / "multimaster_pgjsonb.py"
+    opts["test"] = True
+    ret = state.job_cache_returner_installed(str(target))
+    assert ret["result"] is None and not target.exists(), ret
+    opts["test"] = False
+    ret = state.job_cache_returner_installed(str(target))
+    assert ret["result"] is True and ret["changes"] == {"returner": "installed"}, ret
+    assert target.read_bytes() == synced.read_bytes()
