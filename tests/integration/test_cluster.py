@@ -496,7 +496,9 @@ def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minio
     )
     print(f"founders restarted and re-formed in {time.monotonic() - restarted:.1f} s")
 
-    runner = masters[0].salt_run_cli(timeout=180)
+    # From the peer the joiner knows: until it has the full peer list, the joiner forwards its
+    # minions' returns (its control minion's answer) to that peer only, whichever master leads.
+    runner = next(m for m in masters if m.id == leader).salt_run_cli(timeout=180)
     assert runner.run("saltutil.sync_all").returncode == 0
     # The founders' control minions are local-only here; the joiner's is the one that lacks keys.
     shared = runner.run("multimaster.share_peer_keys", f"masters={JOINER}")
