@@ -6,6 +6,7 @@ CI a missing dependency (git, pygit2, a free address ...) must be installed, nev
 skipped, and a test expected to fail is a test that cannot fail.
 """
 
+import collections
 import logging
 import os
 import sys
@@ -48,7 +49,25 @@ def _reason(report):
     return getattr(report, "wasxfail", None) or report.longrepr
 
 
+# Seconds spent in each test module (setup, call and teardown of its tests): where CI time goes.
+_MODULE_SECONDS = collections.Counter()
+
+
+def pytest_runtest_logreport(report):
+    _MODULE_SECONDS[report.nodeid.split("::", 1)[0]] += report.duration
+
+
+def _module_times(terminalreporter):
+    slow = [(path, secs) for path, secs in _MODULE_SECONDS.most_common() if secs >= 10]
+    if not slow:
+        return
+    terminalreporter.section("seconds per test module (10 s or more)")
+    for path, secs in slow:
+        terminalreporter.line(f"{secs:8.0f}  {path}")
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    _module_times(terminalreporter)
     if not _in_ci():
         return
     found = _not_run_as_written(config)
