@@ -417,28 +417,22 @@ def joiner_control_minion(cluster_set, joiner):
     return cm
 
 
-def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minion(
-    cluster_set, tmp_path_factory
-):
-    """
-    master4 knows one peer (the leader) and the secret; it joins the running cluster and holds
-    the cluster's AES key and minion keys. Then docs/cluster.md's procedure: ``multimaster.cluster``
-    re-applied on the founders (their peer lists gain it) restarts them, ``share_peer_keys`` gives
-    it the other peers' keys (Salt gave it only the leader's), ``multimaster.cluster`` re-applied
-    on it with the full peer list restarts it, ``multimaster.haproxy`` re-applied adds it to the
-    backends (a graceful reload). Its jobs then reach every minion.
-    """
-    masters, section = cluster_set["masters"], copy.deepcopy(cluster_set["section"])
-    stack = cluster_set["stack"]
-    factory = cluster_set["factories"].salt_master_daemon(
+def make_joiner(cluster_set):
+    """The joining master's factory (not started), on ``JOINER`` with the set's ports."""
+    return cluster_set["factories"].salt_master_daemon(
         JOINER,
         overrides=harness.master_overrides(
             JOINER, PORTS, cluster_set["pillar_dir"], serve_repo=False
         ),
         on_auth_event_callback=lambda *_: None,
     )
-    leader = members(masters[0])["leader_id"]
-    assert leader in HOSTS
+
+
+def add_joiner_to_pillar(cluster_set, section, factory, leader, tmp_path_factory):
+    """
+    Append the joiner to ``section``'s masters, knowing ``leader`` as its one peer, and write
+    that section to the pillar of every master.
+    """
     section["masters"].append(
         devkit.master_entry(
             JOINER,
@@ -453,8 +447,14 @@ def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minio
     )
     devkit.write_config(cluster_set["pillar_dir"] / "multimaster.sls", {"multimaster": section})
     sync_pillar(cluster_set["pillar_dir"], section)
-    cm = joiner_control_minion(cluster_set, factory)
-    apply_local(cm, "multimaster.cluster")
+
+
+def start_joiner(cluster_set, factory, cm):
+    """
+    Start the joiner and wait until it is a member of the cluster, then start its control
+    minion; both are stopped with the set.
+    """
+    stack = cluster_set["stack"]
     stack.callback(kill_daemons_of, factory.config_dir)
     stack.callback(factory.terminate)
     started = time.monotonic()
@@ -473,6 +473,13 @@ def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minio
     stack.callback(cm.terminate)
     cm.start(start_timeout=START_TIMEOUT)
     print(f"\n{JOINER} joined in {join_time:.1f} s: {joined}")
+
+
+def assert_joined(cluster_set, factory, leader):
+    """
+    The joiner holds the peers' cluster AES key and minion keys, and the peer keys of the
+    leader and itself only. Returns the joiner's master options.
+    """
     # Joined means the same cluster state as the peers: the AES key and the minion keys.
     joiner = multimaster_keystore.master_opts(factory.config_dir)
     aes = {
@@ -484,8 +491,16 @@ def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minio
     assert {m: held[m][0] for m in MINIONS} == dict.fromkeys(MINIONS, "accepted")
     peers_dir = pathlib.Path(joiner["cluster_pki_dir"]) / "peers"
     assert {p.stem for p in peers_dir.glob("*.pub")} == {leader, JOINER}
+    return joiner
 
+
+def founders_add_joiner(cluster_set, factory, joiner):
+    """
+    ``multimaster.cluster`` re-applied on the founders, the joiner counted among the masters,
+    and the four of them re-formed. Returns the four cluster PKI dirs.
+    """
     # The founders' peer lists (and runner sections) gain the joiner: the formula restarts them.
+    masters = cluster_set["masters"]
     pki_dirs = [o["cluster_pki_dir"] for o in [*cluster_set["mopts"], joiner]]
     restarted = time.monotonic()
     for control in cluster_set["cms"]:
@@ -495,7 +510,15 @@ def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minio
         lambda: cluster_formed(masters, pki_dirs), FORM_TIMEOUT, 2, "the founders to re-form"
     )
     print(f"founders restarted and re-formed in {time.monotonic() - restarted:.1f} s")
+    return pki_dirs
 
+
+def share_peer_keys_from(masters, leader, joiner):
+    """
+    ``multimaster.share_peer_keys`` run on ``leader`` gives the joiner the other founders' peer
+    keys; run again, it writes nothing.
+    """
+    peers_dir = pathlib.Path(joiner["cluster_pki_dir"]) / "peers"
     # From the peer the joiner knows: until it has the full peer list, the joiner forwards its
     # minions' returns (its control minion's answer) to that peer only, whichever master leads.
     runner = next(m for m in masters if m.id == leader).salt_run_cli(timeout=180)
@@ -509,6 +532,12 @@ def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minio
     assert again.returncode == 0, again
     assert again.data["masters"][JOINER]["written"] == []
 
+
+def restart_joiner_with_full_peer_list(cluster_set, section, cm, pki_dirs):
+    """
+    The joiner's entry in pillar without its one-peer list, ``multimaster.cluster`` re-applied
+    on it, and the four masters re-formed.
+    """
     # The joiner with the full peer list: the formula restarts it.
     del section["masters"][-1]["cluster_peers"]
     devkit.write_config(cluster_set["pillar_dir"] / "multimaster.sls", {"multimaster": section})
@@ -516,13 +545,19 @@ def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minio
     restarted = time.monotonic()
     apply_local(cm, "multimaster.cluster")
     harness.wait_for(
-        lambda: cluster_formed(masters, pki_dirs), FORM_TIMEOUT, 2, "the four masters to re-form"
+        lambda: cluster_formed(cluster_set["masters"], pki_dirs),
+        FORM_TIMEOUT,
+        2,
+        "the four masters to re-form",
     )
     print(f"joiner restarted, four masters formed in {time.monotonic() - restarted:.1f} s")
-    # Masters were restarted: docs/cluster.md's next step opens their request gates (a Raft
-    # election after a restart may commit nothing), before the balancer sends minions there.
-    assert_cluster_ready(masters)
 
+
+def balancer_adds_joiner(cluster_set):
+    """
+    ``multimaster.haproxy`` re-applied: the joiner is a backend, and haproxy was reloaded
+    (a new pid behind the pidfile).
+    """
     pids_before = harness.read_pid(cluster_set["lb_dir"] / "haproxy.pid")
     states = apply_local(cluster_set["lb"], "multimaster.haproxy")
     assert harness.state_by_id(states, "multimaster-haproxy-running")["changes"] == {
@@ -531,6 +566,35 @@ def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minio
     config = (cluster_set["lb_dir"] / "haproxy.cfg").read_text()
     assert f"server {JOINER} {JOINER}:{PORTS.ret}" in config
     assert harness.read_pid(cluster_set["lb_dir"] / "haproxy.pid") != pids_before
+
+
+def test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minion(
+    cluster_set, tmp_path_factory
+):
+    """
+    master4 knows one peer (the leader) and the secret; it joins the running cluster and holds
+    the cluster's AES key and minion keys. Then docs/cluster.md's procedure: ``multimaster.cluster``
+    re-applied on the founders (their peer lists gain it) restarts them, ``share_peer_keys`` gives
+    it the other peers' keys (Salt gave it only the leader's), ``multimaster.cluster`` re-applied
+    on it with the full peer list restarts it, ``multimaster.haproxy`` re-applied adds it to the
+    backends (a graceful reload). Its jobs then reach every minion.
+    """
+    masters, section = cluster_set["masters"], copy.deepcopy(cluster_set["section"])
+    factory = make_joiner(cluster_set)
+    leader = members(masters[0])["leader_id"]
+    assert leader in HOSTS
+    add_joiner_to_pillar(cluster_set, section, factory, leader, tmp_path_factory)
+    cm = joiner_control_minion(cluster_set, factory)
+    apply_local(cm, "multimaster.cluster")
+    start_joiner(cluster_set, factory, cm)
+    joiner = assert_joined(cluster_set, factory, leader)
+    pki_dirs = founders_add_joiner(cluster_set, factory, joiner)
+    share_peer_keys_from(masters, leader, joiner)
+    restart_joiner_with_full_peer_list(cluster_set, section, cm, pki_dirs)
+    # Masters were restarted: docs/cluster.md's next step opens their request gates (a Raft
+    # election after a restart may commit nothing), before the balancer sends minions there.
+    assert_cluster_ready(masters)
+    balancer_adds_joiner(cluster_set)
     for master in masters:
         wait_for_answers(
             cluster_set, master, f"every minion to answer {master.id} in the four-master cluster"
@@ -697,26 +761,20 @@ def remove_joiner(cluster_set, joiner, **extra):
     )  # fmt: skip
 
 
-def test_remove_master_drains_stops_forgets_it_and_the_old_secret_cannot_rejoin(cluster_set):
-    """
-    The joiner taken out of pillar, a new secret in pillar: ``multimaster.orch.remove_master``
-    drains it from the balancer, stops it, deletes ``peers/<it>.pub`` on every other master and
-    restarts them with the new secret; their jobs still reach every minion. Started afresh with
-    the old secret, it is refused by the peers and gets no key back. Asked to rotate while
-    pillar still holds the old secret, the orchestration refuses before the master is touched.
-    """
-    masters = cluster_set["masters"]
-    joiner = next(m for m in masters if m.id == JOINER)
-    remaining, mopts = [m for m in masters if m is not joiner], cluster_set["mopts"]
-    peer_keys = [pathlib.Path(o["cluster_pki_dir"]) / "peers" / f"{JOINER}.pub" for o in mopts]
+def restore_founders_pillar(cluster_set):
+    """Write the founders' ``multimaster`` section back to the pillar of every master."""
     # The founders' section: the three of them (the joiner test put the joiner in pillar).
     devkit.write_config(
         cluster_set["pillar_dir"] / "multimaster.sls", {"multimaster": cluster_set["section"]}
     )
     sync_pillar(cluster_set["pillar_dir"], cluster_set["section"])
-    before = harness.read_pid(joiner.config["pidfile"])
-    assert before and all(p.exists() for p in peer_keys)
 
+
+def assert_removal_refused_with_old_secret(cluster_set, joiner, peer_keys, before):
+    """
+    ``remove_master`` asked to rotate while pillar holds the old secret fails at the peer
+    check: the joiner is drained, but neither stopped nor forgotten.
+    """
     refused = remove_joiner(cluster_set, joiner)
     assert refused.returncode != 0
     assert list(harness.failed_steps(refused)) == ["multimaster-orch-remove-master-peer-checked"]
@@ -726,19 +784,33 @@ def test_remove_master_drains_stops_forgets_it_and_the_old_secret_cannot_rejoin(
     assert harness.read_pid(joiner.config["pidfile"]) == before
     assert all(p.exists() for p in peer_keys)
 
-    new_secret = "cluster-secret-rotated-" + "4b1d" * 8
+
+def put_new_secret_in_pillar(cluster_set, new_secret):
+    """Write ``new_secret`` as the cluster secret to the pillar of every master."""
     devkit.write_config(
         cluster_set["pillar_dir"] / "cluster_secret.sls",
         {"multimaster": {"cluster": {"secret": new_secret}}},
     )
     sync_pillar(cluster_set["pillar_dir"], cluster_set["section"])
+
+
+def remove_joiner_from_the_set(cluster_set, joiner):
+    """``remove_master`` on the joiner succeeds; the joiner is out of the set's masters."""
     started = time.monotonic()
     ret = remove_joiner(cluster_set, joiner)
     # Out of the set whatever happened (the stack still stops it): the later tests then judge
     # the three remaining masters, not a failure of this one.
-    masters.remove(joiner)
+    cluster_set["masters"].remove(joiner)
     assert ret.returncode == 0, harness.failed_steps(ret)
     print(f"\nremove_master (cluster): {time.monotonic() - started:.1f} s")
+
+
+def assert_removed(cluster_set, remaining, peer_keys, joiner, new_secret):
+    """
+    The joiner is out of the balancer, stopped and forgotten by its peers; the ``remaining``
+    masters have the new secret and not the joiner as a peer, and their jobs reach every
+    minion; the new secret is only in the 0600 files.
+    """
     config = (cluster_set["lb_dir"] / "haproxy.cfg").read_text()
     assert JOINER not in config
     assert harness.read_pid(joiner.config["pidfile"]) is None
@@ -756,6 +828,12 @@ def test_remove_master_drains_stops_forgets_it_and_the_old_secret_cannot_rejoin(
     # The new secret went through pillar, states and restarts: only in the 0600 files.
     assert not secret_leaks(cluster_set, new_secret, remaining)
 
+
+def assert_old_secret_cannot_rejoin(joiner, remaining, peer_keys):
+    """
+    The removed master, started afresh with the old secret, is refused by a peer and gets no
+    peer key, no join marker and no minion back; it is stopped again whatever happens.
+    """
     # Started as a new master with the old secret, the removed master is turned away.
     shutil.rmtree(joiner.config["cachedir"])
     logs = [pathlib.Path(m.config["log_file"]) for m in remaining]
@@ -778,6 +856,30 @@ def test_remove_master_drains_stops_forgets_it_and_the_old_secret_cannot_rejoin(
     finally:
         joiner.terminate()
         kill_daemons_of(joiner.config_dir)
+
+
+def test_remove_master_drains_stops_forgets_it_and_the_old_secret_cannot_rejoin(cluster_set):
+    """
+    The joiner taken out of pillar, a new secret in pillar: ``multimaster.orch.remove_master``
+    drains it from the balancer, stops it, deletes ``peers/<it>.pub`` on every other master and
+    restarts them with the new secret; their jobs still reach every minion. Started afresh with
+    the old secret, it is refused by the peers and gets no key back. Asked to rotate while
+    pillar still holds the old secret, the orchestration refuses before the master is touched.
+    """
+    masters = cluster_set["masters"]
+    joiner = next(m for m in masters if m.id == JOINER)
+    remaining, mopts = [m for m in masters if m is not joiner], cluster_set["mopts"]
+    peer_keys = [pathlib.Path(o["cluster_pki_dir"]) / "peers" / f"{JOINER}.pub" for o in mopts]
+    restore_founders_pillar(cluster_set)
+    before = harness.read_pid(joiner.config["pidfile"])
+    assert before and all(p.exists() for p in peer_keys)
+    assert_removal_refused_with_old_secret(cluster_set, joiner, peer_keys, before)
+
+    new_secret = "cluster-secret-rotated-" + "4b1d" * 8
+    put_new_secret_in_pillar(cluster_set, new_secret)
+    remove_joiner_from_the_set(cluster_set, joiner)
+    assert_removed(cluster_set, remaining, peer_keys, joiner, new_secret)
+    assert_old_secret_cannot_rejoin(joiner, remaining, peer_keys)
 
 
 def test_one_master_stopped_the_others_still_reach_every_minion(cluster_set):

@@ -109,25 +109,27 @@ def count(master, state_dir):
     return sum(1 for _ in (keytools.pki_dir(master) / state_dir).iterdir())
 
 
-@pytest.mark.parametrize("victims", ["job+runner", "runner"])
-def test_kill_9_mid_apply_then_rerun_repairs(cluster, victims):
+def plant_bulk_keys(m1, m2, victims):
     """
-    3000 keys accepted on master1 and pending on master2 (same keys): ``sync_keys`` moves them
-    to accepted on master2. While master2's control minion is writing, ``kill -9`` its job
-    process and the ``salt-run`` process (or the ``salt-run`` process only: the job finishes
-    master2, master3 never gets its turn). A re-run then exits 0 and leaves every id in exactly
-    one state on every master, no temp files, and ``salt-key -L`` identical everywhere.
+    ``BULK`` keys accepted on ``m1`` and pending on ``m2`` (the same keys), their ids named
+    after ``victims``. Returns the ids.
     """
-    m1, m2, _ = cluster.masters
     pool = keytools.pem_pool()
     ids = [f"kf-{victims.replace('+', '-')}-{i:05d}" for i in range(BULK)]
     for index, minion_id in enumerate(ids):
         pem = pool[index % len(pool)]
         keytools.write_key(m1, "minions", minion_id, pem)
         keytools.write_key(m2, "minions_pre", minion_id, pem)
-    accepted_before = count(m2, "minions")
+    return ids
 
-    control = cluster.control[1]
+
+def kill_sync_mid_apply(m1, m2, control, accepted_before, victims):
+    """
+    ``salt-run multimaster.sync_keys`` started on ``m1``; once ``m2``'s accepted keys grow,
+    SIGKILL the ``salt-run`` process (and, for ``job+runner``, the job processes of
+    ``control``). Returns ``(started, jobs)``: the wall-clock time the job processes are
+    looked for from, and the job processes killed.
+    """
     started = time.time() - 1
     runner = subprocess.Popen(
         [*keytools.cli_cmd("salt-run", m1.config_dir, "multimaster.sync_keys"), "--out=json"],
@@ -150,19 +152,29 @@ def test_kill_9_mid_apply_then_rerun_repairs(cluster, victims):
     finally:
         if runner.poll() is None:
             runner.kill()
-    written = count(m2, "minions") - accepted_before
-    if victims == "job+runner":
-        assert jobs, "no job process of master2's control minion to kill"
-        assert 0 < written < BULK, f"not killed mid-apply: {written} of {BULK} written"
-        time.sleep(1)
-        assert count(m2, "minions") - accepted_before == written, "the killed job kept writing"
-    else:
-        # The job outlives the runner and finishes master2; master3 never gets its turn.
-        keytools.wait_for(
-            lambda: not job_processes(control, started), 120, what="master2's job to finish"
-        )
-        assert set(ids) <= set(keytools.key_ids(m2)["minions"])
-        assert not set(ids) & set(keytools.key_ids(cluster.masters[2])["minions"])
+    return started, jobs
+
+
+def assert_job_killed_mid_apply(m2, jobs, accepted_before, written):
+    """A job process was killed part-way through ``m2``'s keys, and wrote nothing after."""
+    assert jobs, "no job process of master2's control minion to kill"
+    assert 0 < written < BULK, f"not killed mid-apply: {written} of {BULK} written"
+    time.sleep(1)
+    assert count(m2, "minions") - accepted_before == written, "the killed job kept writing"
+
+
+def assert_job_finished_master2_only(cluster, m2, control, started, ids):
+    """The job outlived the runner: every id is accepted on master2 and none on master3."""
+    # The job outlives the runner and finishes master2; master3 never gets its turn.
+    keytools.wait_for(
+        lambda: not job_processes(control, started), 120, what="master2's job to finish"
+    )
+    assert set(ids) <= set(keytools.key_ids(m2)["minions"])
+    assert not set(ids) & set(keytools.key_ids(cluster.masters[2])["minions"])
+
+
+def print_damage(m2, victims, written):
+    """Print how many keys the killed run wrote on ``m2`` and what it left to repair."""
     damage = {
         "temp files": len(keytools.stray_files(m2)),
         "ids in two states": len(
@@ -171,6 +183,9 @@ def test_kill_9_mid_apply_then_rerun_repairs(cluster, victims):
     }
     print(f"\nkill -9 {victims}: {written} of {BULK} keys on master2; left: {json.dumps(damage)}")
 
+
+def rerun_sync_keys(cluster):
+    """``sync_keys`` run again; prints how long it took and its progress steps."""
     rerun_started = time.monotonic()
     ret = cluster.run("sync_keys", timeout=600)
     steps = [
@@ -179,6 +194,32 @@ def test_kill_9_mid_apply_then_rerun_repairs(cluster, victims):
         if isinstance(doc, dict) and doc.get("suffix") == "progress"
     ]
     print(f"re-run took {time.monotonic() - rerun_started:.1f}s: {steps}")
+    return ret
+
+
+@pytest.mark.parametrize("victims", ["job+runner", "runner"])
+def test_kill_9_mid_apply_then_rerun_repairs(cluster, victims):
+    """
+    3000 keys accepted on master1 and pending on master2 (same keys): ``sync_keys`` moves them
+    to accepted on master2. While master2's control minion is writing, ``kill -9`` its job
+    process and the ``salt-run`` process (or the ``salt-run`` process only: the job finishes
+    master2, master3 never gets its turn). A re-run then exits 0 and leaves every id in exactly
+    one state on every master, no temp files, and ``salt-key -L`` identical everywhere.
+    """
+    m1, m2, _ = cluster.masters
+    ids = plant_bulk_keys(m1, m2, victims)
+    accepted_before = count(m2, "minions")
+
+    control = cluster.control[1]
+    started, jobs = kill_sync_mid_apply(m1, m2, control, accepted_before, victims)
+    written = count(m2, "minions") - accepted_before
+    if victims == "job+runner":
+        assert_job_killed_mid_apply(m2, jobs, accepted_before, written)
+    else:
+        assert_job_finished_master2_only(cluster, m2, control, started, ids)
+    print_damage(m2, victims, written)
+
+    ret = rerun_sync_keys(cluster)
     assert ret.returncode == 0, ret
     assert_one_state_no_temp_files(cluster)
     listed = assert_identical(cluster)

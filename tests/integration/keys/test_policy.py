@@ -296,55 +296,55 @@ def test_mass_revocation_needs_force(cluster):
             assert not set(ids) & set(listed["minions"]), listed
 
 
-def test_peer_functions_refuse_unsigned_or_replayed_orders(cluster):
-    """
-    Someone allowed to publish ``multimaster_peer.*`` (or reading the job cache) cannot use the
-    peer side: actions staged on master1 with an order that is missing or forged are refused; a
-    transfer and order replayed from master1's job cache are refused (the ticket is used up);
-    a transfer staged for another control minion is refused. The key store is untouched.
-    """
-    m1, m2, _ = cluster.masters
-    cm2, cm3 = cluster.control[1].id, cluster.control[2].id
-    pem = keytools.new_public_pem()
-    action = {
+def accept_action(pem):
+    """An ``accept`` key action for ``kp-evil`` with the public key ``pem``."""
+    return {
         "id": "kp-evil",
         "op": "accept",
         "fp": keytools.fingerprint(pem),
         "pub": pem,
         "expect": None,
     }
+
+
+def forged_order(recipient, action):
+    """An order for ``action`` addressed to ``recipient``, with a made-up signature."""
     digest = hashlib.sha256(
         json.dumps({"actions": [action]}, sort_keys=True, separators=(",", ":")).encode()
     ).hexdigest()
-    forged = {
+    return {
         "v": 2,
         "purpose": "key_actions",
-        "recipient": cm2,
+        "recipient": recipient,
         "bound": {},
         "digest": digest,
         "signature": base64.b64encode(b"x" * 256).decode(),
     }
-    before = keytools.store_snapshot(m2)
 
-    def apply(target, transfer, order):
-        returns = keytools.salt_cmd(
-            m1,
-            target,
-            "multimaster_peer.apply_key_actions",
-            f"transfer={json.dumps(transfer)}",
-            f"order={json.dumps(order)}",
-            timeout=60,
-        )
-        return str(returns.get(target))
 
-    for order, reason in (({}, "does not match"), (forged, "signature")):
-        transfer = keytools.stage_for(m1, cm2, {"actions": [action]})
-        assert reason in apply(cm2, transfer, order)
-    # Staged for cm2, presented by cm3: master1 refuses to serve it.
-    transfer = keytools.stage_for(m1, cm2, {"actions": [action]})
-    assert f"not issued to '{cm3}'" in apply(cm3, transfer, forged)
-    assert keytools.store_snapshot(m2) == before
+def apply_key_actions(master, target, transfer, order):
+    """
+    ``multimaster_peer.apply_key_actions`` published by ``master`` to ``target`` with
+    ``transfer`` and ``order``; returns ``target``'s answer as a string.
+    """
+    returns = keytools.salt_cmd(
+        master,
+        target,
+        "multimaster_peer.apply_key_actions",
+        f"transfer={json.dumps(transfer)}",
+        f"order={json.dumps(order)}",
+        timeout=60,
+    )
+    return str(returns.get(target))
 
+
+def assert_replayed_order_refused(cluster, pem):
+    """
+    A real ``sync_keys`` run's transfer and order, read back from master1's job cache and
+    presented again, are refused (the ticket is used up) and change nothing.
+    """
+    m1, m2, _ = cluster.masters
+    cm2 = cluster.control[1].id
     # A real transfer and order, from a real run: the job cache keeps the descriptor and the
     # order (never the actions); replaying them must fail.
     with planted(cluster, (0, "minions", "kp-replay", pem)):
@@ -355,9 +355,34 @@ def test_peer_functions_refuse_unsigned_or_replayed_orders(cluster):
         ret = keytools.run_cli("salt-key", m2.config_dir, "-d", "kp-replay", "-y")
         assert ret.returncode == 0, ret
         after_delete = keytools.store_snapshot(m2)
-        assert "used ticket" in apply(cm2, load["transfer"], load["order"])
+        assert "used ticket" in apply_key_actions(m1, cm2, load["transfer"], load["order"])
         assert keytools.store_snapshot(m2) == after_delete
         assert "kp-replay" not in keytools.salt_key_list(m2)["minions"]
+
+
+def test_peer_functions_refuse_unsigned_or_replayed_orders(cluster):
+    """
+    Someone allowed to publish ``multimaster_peer.*`` (or reading the job cache) cannot use the
+    peer side: actions staged on master1 with an order that is missing or forged are refused; a
+    transfer and order replayed from master1's job cache are refused (the ticket is used up);
+    a transfer staged for another control minion is refused. The key store is untouched.
+    """
+    m1, m2, _ = cluster.masters
+    cm2, cm3 = cluster.control[1].id, cluster.control[2].id
+    pem = keytools.new_public_pem()
+    action = accept_action(pem)
+    forged = forged_order(cm2, action)
+    before = keytools.store_snapshot(m2)
+
+    for order, reason in (({}, "does not match"), (forged, "signature")):
+        transfer = keytools.stage_for(m1, cm2, {"actions": [action]})
+        assert reason in apply_key_actions(m1, cm2, transfer, order)
+    # Staged for cm2, presented by cm3: master1 refuses to serve it.
+    transfer = keytools.stage_for(m1, cm2, {"actions": [action]})
+    assert f"not issued to '{cm3}'" in apply_key_actions(m1, cm3, transfer, forged)
+    assert keytools.store_snapshot(m2) == before
+
+    assert_replayed_order_refused(cluster, pem)
 
 
 def test_no_publish_carries_bulk_data(cluster):
