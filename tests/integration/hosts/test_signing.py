@@ -194,7 +194,12 @@ def test_failover_minion_verifies_each_master_and_moves_to_master2(signing_set, 
     master1, master2 = signing_set["master1"], signing_set["master2"]
     minion1 = signing_set["minion1"]
     pid = minion_pid(minion1)
-    master1.sh("salt-run multimaster.sync_keys && salt minion1 state.apply multimaster.minion")
+    # sync_master_key above restarted master1 (the primary last, after the runner returned):
+    # until minion1 has signed in again its returns can be lost, so wait for its answer first.
+    master1.sh(
+        "salt-run multimaster.sync_keys && salt-run multimaster.wait_minions"
+        " && salt minion1 state.apply multimaster.minion"
+    )
     signing_set.wait(
         "minion1 to restart as a failover minion with signing",
         lambda: minion_pid(minion1) not in (None, pid),
