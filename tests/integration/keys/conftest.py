@@ -12,6 +12,12 @@ formula's modules reach them with ``saltutil.sync_all`` from master1's ``file_ro
 repository root), as a user would. master1's config holds the ``multimaster`` section the
 ``multimaster.master`` state would have written to ``master.d``.
 
+``test_policy``, ``test_roots`` and ``test_faults`` share one such set for the whole package
+(``shared_key_cluster``, prefix ``ks``): it is made once, serves the roots those modules need
+(``SHARED_ROOTS``), and those modules run last, policy first (it expects stores without bulk
+keys) and faults last (it leaves thousands of keys behind). ``test_join`` and ``test_mmap``
+configure their masters differently and keep sets of their own.
+
 Daemons that the code under test stopped and re-launched as ``-d`` daemons are no longer tracked
 by the factories: teardown (the integration conftest's ``daemons``, a ``kit.DaemonSet``) kills
 whatever still runs with each daemon's config dir.
@@ -23,12 +29,18 @@ import pathlib
 import pytest
 
 from .. import kit
-from ..harness import KeyAcceptor, devkit, minion_overrides
+from ..harness import KeyAcceptor, Ports, devkit, minion_overrides
 from . import keytools
 
 HOSTS = ("127.0.0.4", "127.0.0.5", "127.0.0.6")
 START_TIMEOUT = 120
 MASTER_EXTRA = {"loop_interval": 1, "gather_job_timeout": 5}
+SHARED_PREFIX = "ks"
+SHARED_PORTS = Ports(publish=31110, ret=31111)
+# Debug logs: test_roots checks that its pillar marker reaches no log even at debug level.
+SHARED_DAEMON_EXTRA = {"log_level": "debug", "log_level_logfile": "debug"}
+# The shared set's modules, in the order they run (after the other key modules).
+SHARED_MODULES = ("test_policy.py", "test_roots.py", "test_faults.py")
 
 
 @dataclasses.dataclass
@@ -44,6 +56,9 @@ class KeyCluster:
     prefix: str
     start_minion: object
     minions: list = dataclasses.field(default_factory=list)
+    # index -> (formula, tree, shared pillar, pillar) dirs of each master: the shared set's
+    # roots (``shared_root_paths``), empty for a set with the default roots.
+    roots: dict = dataclasses.field(default_factory=dict)
 
     @property
     def primary(self):
@@ -122,21 +137,13 @@ def master_options(request):
     return getattr(request.module, "MASTER_OPTIONS", lambda index, pillar_dir: {})
 
 
-@pytest.fixture(scope="module")
-def key_masters(
-    daemons,
-    tmp_path_factory,
-    prefix,
-    ports,
-    daemon_extra,
-    master_options,
-    key_acceptor,
+def start_key_masters(
+    daemons, pillar_dir, prefix, ports, daemon_extra, master_options, key_acceptor
 ):
     """
-    master1..3 started (at once), each with its own keypair; master1 knows the set
-    (``multimaster:``).
+    master1..3 made and started (at once), each with its own keypair; master1 knows the set
+    (``multimaster:``). Returns the factories and the ``multimaster`` section.
     """
-    pillar_dir = tmp_path_factory.mktemp(f"{prefix}-pillar")
     factories = [
         daemons.master(
             _master_id(prefix, index),
@@ -169,8 +176,7 @@ def key_masters(
     return factories, section
 
 
-@pytest.fixture(scope="module")
-def key_cluster(key_masters, daemons, prefix, ports, daemon_extra, key_acceptor):
+def start_key_cluster(key_masters, daemons, prefix, ports, daemon_extra, key_acceptor):
     """
     The masters plus one control minion per master (on master1, accepted there, started at
     once), with the formula's modules synced to the minions and the runner synced to master1.
@@ -205,3 +211,113 @@ def key_cluster(key_masters, daemons, prefix, ports, daemon_extra, key_acceptor)
         start_minion=start_minion,
         minions=started,
     )
+
+
+@pytest.fixture(scope="module")
+def key_masters(
+    daemons,
+    tmp_path_factory,
+    prefix,
+    ports,
+    daemon_extra,
+    master_options,
+    key_acceptor,
+):
+    """
+    The test module's master1..3 (``start_key_masters``).
+    """
+    pillar_dir = tmp_path_factory.mktemp(f"{prefix}-pillar")
+    return start_key_masters(
+        daemons, pillar_dir, prefix, ports, daemon_extra, master_options, key_acceptor
+    )
+
+
+@pytest.fixture(scope="module")
+def key_cluster(key_masters, daemons, prefix, ports, daemon_extra, key_acceptor):
+    """
+    The test module's masters with their control minions (``start_key_cluster``).
+    """
+    return start_key_cluster(key_masters, daemons, prefix, ports, daemon_extra, key_acceptor)
+
+
+def shared_root_paths(index, pillar_dir):
+    """
+    ``(formula, tree, shared pillar, pillar)`` dirs of the shared set's master ``index``:
+    master1's shared pillar dir is the set's (the control minions' ``multimaster`` pillar lives
+    there).
+    """
+    base = pillar_dir.parent / f"{SHARED_PREFIX}-roots" / f"master{index + 1}"
+    shared = pillar_dir if index == 0 else base / "pillar-shared"
+    return base / "formula", base / "tree", shared, base / "pillar"
+
+
+def shared_master_options(roots):
+    """
+    ``MASTER_OPTIONS`` of the shared set: each master's file and pillar roots made (the formula
+    copied into master1's), recorded in ``roots`` (index -> paths). The factories put their own
+    state and pillar trees first in every master's roots.
+    """
+
+    def options(index, pillar_dir):
+        formula, tree, shared, pillar = roots[index] = shared_root_paths(index, pillar_dir)
+        for path in (formula, tree, shared, pillar):
+            path.mkdir(parents=True, exist_ok=True)
+        if index == 0:
+            devkit.copy_formula(formula)
+        return {
+            "file_roots": {"base": [str(formula), str(tree)]},
+            "pillar_roots": {"base": [str(shared), str(pillar)]},
+        }
+
+    return options
+
+
+@pytest.fixture(scope="package")
+def shared_daemons(salt_factories):
+    """
+    The shared set's ``kit.DaemonSet``, stopped when the package's last test is done.
+    """
+    with kit.DaemonSet(salt_factories) as daemon_set:
+        yield daemon_set
+
+
+@pytest.fixture(scope="package")
+def shared_key_cluster(shared_daemons, tmp_path_factory):
+    """
+    One key cluster for ``SHARED_MODULES`` (see the module docstring), with the roots of
+    ``shared_root_paths`` in ``roots``.
+    """
+    acceptor = PrimaryAcceptor(_master_id(SHARED_PREFIX, 0))
+    roots = {}
+    pillar_dir = tmp_path_factory.mktemp(f"{SHARED_PREFIX}-pillar")
+    masters = start_key_masters(
+        shared_daemons,
+        pillar_dir,
+        SHARED_PREFIX,
+        SHARED_PORTS,
+        SHARED_DAEMON_EXTRA,
+        shared_master_options(roots),
+        acceptor,
+    )
+    cluster = start_key_cluster(
+        masters, shared_daemons, SHARED_PREFIX, SHARED_PORTS, SHARED_DAEMON_EXTRA, acceptor
+    )
+    cluster.roots = roots
+    return cluster
+
+
+def pytest_collection_modifyitems(items):
+    """
+    The modules of the shared set run after the other key modules, in ``SHARED_MODULES``
+    order: the set is started once, when the first of them begins, and stops at package end.
+    """
+    here = [i for i, item in enumerate(items) if "integration/keys/" in item.nodeid]
+    block = [items[i] for i in here]
+
+    def rank(item):
+        name = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+        return SHARED_MODULES.index(name) + 1 if name in SHARED_MODULES else 0
+
+    ordered = sorted(block, key=rank)  # stable: each module keeps its own order
+    for i, item in zip(here, ordered, strict=True):
+        items[i] = item

@@ -14,22 +14,19 @@ import time
 import psutil
 import pytest
 
-from ..harness import Ports
 from . import keytools
 from .conftest import START_TIMEOUT
 
 pytestmark = pytest.mark.integration
 
-PREFIX = "kf"
-PORTS = Ports(publish=31120, ret=31121)
 BULK = 3000
 
 
 @pytest.fixture(scope="module")
-def cluster(key_cluster):
-    ret = key_cluster.run("sync_keys")
+def cluster(shared_key_cluster):
+    ret = shared_key_cluster.run("sync_keys")
     assert ret.returncode == 0, ret
-    return key_cluster
+    return shared_key_cluster
 
 
 def assert_identical(cluster):

@@ -3,8 +3,9 @@ What the key plane refuses: two keys for one id, ids that are not safe, keys tha
 canonical RSA public key, and acceptance of an id rejected or denied anywhere. Each refusal is
 reported, exits non-zero and leaves every key store byte-identical.
 
-Three masters with their own keypairs (minion-key sync does not need a shared master key); the
-control minions' keys are synced first so that each test starts from consistent stores.
+The package's shared key set (``keys/conftest.py``): three masters with their own keypairs
+(minion-key sync does not need a shared master key); the control minions' keys are synced first
+so that each test starts from consistent stores.
 """
 
 import base64
@@ -15,13 +16,10 @@ import json
 
 import pytest
 
-from ..harness import Ports
 from . import keytools
 
 pytestmark = pytest.mark.integration
 
-PREFIX = "kp"
-PORTS = Ports(publish=31110, ret=31111)
 
 BAD_IDS = ["../x", ".hidden", "-rf", "m*", "a,b", "a\nb", "x" * 300]
 # Those a key store can hold as file names (no '/', at most 255 bytes).
@@ -29,12 +27,12 @@ BAD_FILE_IDS = [".hidden", "-rf", "m*", "a,b", "a\nb"]
 
 
 @pytest.fixture(scope="module")
-def cluster(key_cluster):
-    ret = key_cluster.run("sync_keys")
+def cluster(shared_key_cluster):
+    ret = shared_key_cluster.run("sync_keys")
     assert ret.returncode == 0, ret
-    lists = key_cluster.key_lists()
+    lists = shared_key_cluster.key_lists()
     assert len({json.dumps(v) for v in lists.values()}) == 1, lists
-    return key_cluster
+    return shared_key_cluster
 
 
 @contextlib.contextmanager
@@ -465,7 +463,7 @@ def test_a_return_forged_under_a_control_minion_s_id_is_refused(cluster):
     master3's: it reports that the answer is not signed by cm3 and exits non-zero.
     """
     m3, cm3 = cluster.masters[2], cluster.control[2]
-    ordinary = cluster.start_minion(f"{PREFIX}-ordinary")
+    ordinary = cluster.start_minion("kp-ordinary")
     settled = {"up": True, "restart_pending": False, "settled": True}
     forger = keytools.ReturnForger(
         cluster.primary, ordinary, cm3.id, "multimaster_peer.master_settled", settled

@@ -12,51 +12,22 @@ import stat
 import pytest
 
 from .. import harness
-from ..harness import Ports
 from . import keytools
 from .conftest import START_TIMEOUT
 
 pytestmark = pytest.mark.integration
 
-PREFIX = "kr"
-PORTS = Ports(publish=31130, ret=31131)
-DAEMON_EXTRA = {"log_level": "debug", "log_level_logfile": "debug"}
 MARKER = "MMROOTS-" + "5f1d0c9e7a3b4d62a8e1f0b7c6d5e4a3"
 
 
-def root_paths(index, pillar_dir):
-    """
-    ``(formula, tree, shared pillar, pillar)`` dirs of master ``index``: master1's shared pillar
-    dir is the key cluster's (the control minions' ``multimaster`` pillar lives there).
-    """
-    base = pillar_dir.parent / f"{PREFIX}-roots" / f"master{index + 1}"
-    shared = pillar_dir if index == 0 else base / "pillar-shared"
-    return base / "formula", base / "tree", shared, base / "pillar"
-
-
-# index -> (formula, tree, shared pillar, pillar): filled when the masters are configured (the
-# factories put their own state and pillar trees first in every master's roots).
-ROOTS = {}
-
-
-def MASTER_OPTIONS(index, pillar_dir):  # noqa: N802  (the conftest hook's name)
-    formula, tree, shared, pillar = ROOTS[index] = root_paths(index, pillar_dir)
-    for path in (formula, tree, shared, pillar):
-        path.mkdir(parents=True, exist_ok=True)
-    if index == 0:
-        harness.copy_formula(formula)
-    return {
-        "file_roots": {"base": [str(formula), str(tree)]},
-        "pillar_roots": {"base": [str(shared), str(pillar)]},
-    }
-
-
 @pytest.fixture(scope="module")
-def cluster(key_cluster):
+def cluster(shared_key_cluster):
     """
-    The key cluster, master1 restarted after the sync as ``multimaster.master`` restarts it:
+    The package's shared key set (its masters serve the roots of ``shared_root_paths``),
+    master1 restarted after the sync as ``multimaster.master`` restarts it:
     its request workers load the file server backend that serves ``sync_roots`` its content.
     """
+    key_cluster = shared_key_cluster
     master1 = key_cluster.masters[0]
     master1.terminate()
     master1.start(start_timeout=START_TIMEOUT)
@@ -70,7 +41,8 @@ def cluster(key_cluster):
 
 
 def paths_of(cluster, index):
-    return ROOTS[index]
+    """``(formula, tree, shared pillar, pillar)`` dirs of master ``index``."""
+    return cluster.roots[index]
 
 
 @pytest.fixture(scope="module")
