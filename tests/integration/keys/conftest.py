@@ -14,7 +14,7 @@ repository root), as a user would. master1's config holds the ``multimaster`` se
 
 ``test_policy``, ``test_roots`` and ``test_faults`` share one such set for the whole package
 (``shared_key_cluster``, prefix ``ks``): it is made once, serves the roots those modules need
-(``SHARED_ROOTS``), and those modules run last, policy first (it expects stores without bulk
+(``shared_root_paths``), and those modules run last, policy first (it expects stores without bulk
 keys) and faults last (it leaves thousands of keys behind). ``test_join`` and ``test_mmap``
 configure their masters differently and keep sets of their own.
 
