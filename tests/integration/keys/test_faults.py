@@ -161,8 +161,10 @@ def assert_job_killed_mid_apply(m2, jobs, accepted_before, written):
 
 
 def assert_job_finished_master2_only(cluster, m2, control, started, ids):
-    """The job outlived the runner: every id is accepted on master2 and none on master3."""
-    # The job outlives the runner and finishes master2; master3 never gets its turn.
+    """
+    The job outlived the runner and finished master2: every id is accepted there and none on
+    master3, which never got its turn.
+    """
     keytools.wait_for(
         lambda: not job_processes(control, started), 120, what="master2's job to finish"
     )

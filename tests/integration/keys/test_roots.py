@@ -24,20 +24,19 @@ MARKER = "MMROOTS-" + "5f1d0c9e7a3b4d62a8e1f0b7c6d5e4a3"
 def cluster(shared_key_cluster):
     """
     The package's shared key set (its masters serve the roots of ``shared_root_paths``),
-    master1 restarted after the sync as ``multimaster.master`` restarts it:
-    its request workers load the file server backend that serves ``sync_roots`` its content.
+    master1 restarted as ``multimaster.master`` restarts it: its request workers load the file
+    server backend that serves ``sync_roots`` its content.
     """
-    key_cluster = shared_key_cluster
-    master1 = key_cluster.masters[0]
+    master1 = shared_key_cluster.masters[0]
     master1.terminate()
     master1.start(start_timeout=START_TIMEOUT)
-    control = [c.id for c in key_cluster.control]
+    control = [c.id for c in shared_key_cluster.control]
     harness.wait_for(
         lambda: keytools.pingers(master1, timeout=5) == sorted(control),
         120,
         what="the control minions answering master1 again",
     )
-    return key_cluster
+    return shared_key_cluster
 
 
 def paths_of(cluster, index):
