@@ -26,7 +26,8 @@ STATES = ("accepted", "pending", "rejected", "denied")
 MIN_BITS = 2048
 BUCKETS = 1024
 # Bounds on what a control minion may return (a peer's return is never trusted as it comes).
-MAX_ENTRIES = 100_000
+# Ids per store: ten times the largest set benchmarked (bench/README.md).
+MAX_ENTRIES = 1_000_000
 MAX_PUB_BYTES = 16 * 1024
 MAX_NAME_BYTES = 255
 # Revoking at most this many keys on a master never needs force=True (small labs).
@@ -262,7 +263,7 @@ def digests(entries):
 # --- control-minion returns ------------------------------------------------------------------
 
 
-def check_inventory_return(ret, kind, max_entries=MAX_ENTRIES):
+def check_inventory_return(ret, kind, max_entries=None):
     """
     Check a control minion's ``key_inventory`` return before the runner uses it: a compromised
     or buggy peer must not steer the plan with a malformed or oversized answer.
@@ -279,7 +280,7 @@ def check_inventory_return(ret, kind, max_entries=MAX_ENTRIES):
         ``"digests"`` or ``"entries"``.
 
     max_entries
-        The most ids an ``entries`` return may list.
+        The most ids an ``entries`` return may list (default ``MAX_ENTRIES``).
 
     Returns only the checked fields, normalised (buckets as ints, entries as ``Entry``); raises
     ``ReturnError`` naming the first problem. Ids are checked to be key file names (a str of
@@ -291,7 +292,7 @@ def check_inventory_return(ret, kind, max_entries=MAX_ENTRIES):
     if kind == "digests":
         return _checked_digests(ret)
     if kind == "entries":
-        return _checked_entries(ret, max_entries)
+        return _checked_entries(ret, MAX_ENTRIES if max_entries is None else max_entries)
     raise ValueError(f"unknown inventory kind {kind!r}; expected 'digests' or 'entries'")
 
 

@@ -156,7 +156,11 @@ def _own_inventory(run, buckets):
         ids=lambda minion_id: multimaster_keys.bucket_of(minion_id) in chosen,
     )
     answer = {"alive": True, "entries": entries, "pubs": pubs}
-    return multimaster_keys.check_inventory_return(answer, "entries")
+    try:
+        return multimaster_keys.check_inventory_return(answer, "entries")
+    except multimaster_keys.ReturnError as exc:
+        store = multimaster_keystore.store_dir(run.opts)
+        raise multimaster_control.Refused(f"this master's key store {store}: {exc}") from None
 
 
 # --- applying --------------------------------------------------------------------------------
@@ -228,7 +232,10 @@ def reconcile(run, section, plan_fn, timeout, test, ids=None, force=False):
     """
     Inventory, plan, guard, then apply (unless ``test``). Returns ``(report, failed)``.
     """
-    found = inventories(run, section, timeout, ids)
+    try:
+        found = inventories(run, section, timeout, ids)
+    except SaltInvocationError as exc:
+        return {"comment": f"Refused, nothing changed: {exc}"}, True
     errors = found["errors"]
     plan = plan_fn(found["inventories"])
     _missing_pubs(run, section, plan, found, timeout)

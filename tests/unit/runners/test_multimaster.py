@@ -930,6 +930,29 @@ def test_the_runners_own_master_is_read_here_not_returned_by_its_control_minion(
     assert ret["retcode"] == 0
 
 
+def test_an_own_store_over_the_bound_is_refused_by_name_not_a_traceback(
+    runner, monkeypatch, own_store
+):
+    """
+    The runner's own store is checked like a peer's answer; one over the bound on ids is a
+    refusal naming the store and the bound, with nothing applied.
+    """
+    import multimaster_keys
+
+    _, bucket = own_store
+    monkeypatch.setattr(multimaster_keys, "MAX_ENTRIES", 0)
+    digests = {
+        "cm1": dict(GOOD_DIGESTS, digest="1" * 64, buckets={bucket: "1" * 16}, count=1),
+        "cm2": dict(GOOD_DIGESTS, digest="2" * 64, buckets={}, binding=M2_BINDING),
+    }
+    recording_client(runner, monkeypatch, digests, {})
+    ret = runner.sync_keys()
+    assert ret["retcode"] == 1, ret
+    assert ret["comment"].startswith("Refused, nothing changed: this master's key store "), ret
+    assert "expected a mapping of at most 0 ids" in ret["comment"]
+    assert "Traceback" not in str(ret) and "changes" not in str(ret.get("masters", {}))
+
+
 @pytest.mark.parametrize("peer_answers", [True, False], ids=["answers", "silent"])
 def test_a_key_only_a_peer_holds_is_fetched_from_it_by_bucket(
     runner, monkeypatch, own_store, peer_answers
