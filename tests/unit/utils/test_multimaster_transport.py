@@ -357,6 +357,47 @@ def test_a_recorded_pull_is_stored_without_listing_every_key(tmp_path, monkeypat
     assert "CHUNK" in repr(returns["cm2"])  # the return is kept, for the transport to forget
 
 
+def test_a_recorded_runner_job_is_stored_without_listing_every_key(tmp_path, monkeypatch):
+    # Every runner job of the formula (sync_keys ...) records its load as it starts: Salt then
+    # stores the job's return without globbing the master's id over the accepted keys (28 s
+    # per job at 100,000 keys), and jobs.list_jobs still names the function and the user.
+    import salt.config
+    import salt.loader
+    import salt.utils.job
+    import salt.utils.minions
+
+    opts = salt.config.master_config(os.devnull)
+    opts.update(id="m1_master", cachedir=str(tmp_path / "cache"), pki_dir=str(tmp_path / "pki"))
+    listed = []
+    monkeypatch.setattr(
+        salt.utils.minions.CkMinions, "check_minions", lambda self, *a, **k: listed.append(a)
+    )
+    jid, fun = "20261127000000000001", "runner.multimaster.sync_keys"
+    transport.record_runner_load(opts, jid, fun, opts["id"], user="root")
+    ret = {"jid": jid, "fun": fun, "return": {"comment": "All masters already hold the same keys"}}
+    salt.utils.job.store_job(
+        opts, {"id": "m1_master", "tgt": "m1_master", "jid": jid, "return": ret}
+    )
+    loader = salt.loader.returners(opts, {})
+    load = loader["local_cache.get_load"](jid)
+    assert listed == []
+    assert (load["fun"], load["user"], load["Minions"]) == (fun, "root", ["m1_master"])
+    assert "already hold" in repr(loader["local_cache.get_jid"](jid)["m1_master"])
+
+
+def test_no_runner_job_is_recorded_where_salt_would_store_none(tmp_path):
+    import salt.config
+    import salt.loader
+
+    opts = salt.config.master_config(os.devnull)
+    opts.update(cachedir=str(tmp_path / "cache"), pki_dir=str(tmp_path / "pki"))
+    jid = "20261127000000000002"
+    transport.record_runner_load(dict(opts, runner_returns=False), jid, "runner.x.y", "m1")
+    transport.record_runner_load(opts, None, "runner.x.y", "m1")
+    transport.record_runner_load(dict(opts, master_job_cache="multimaster_pgjsonb"), jid, "f", "m1")
+    assert salt.loader.returners(opts, {})["local_cache.get_load"](jid) == {}
+
+
 def test_a_recorded_pull_job_is_not_scrubbed_by_salt_s_job_cleaner(tmp_path):
     # Salt's Maintenance runs clean_old_jobs every minute and removes a job directory without a
     # jid file as corrupt; during a pull that lost the pull's answer (seen in CI: the runner
