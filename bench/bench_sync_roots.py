@@ -1,27 +1,35 @@
 #!/usr/bin/env python3
 """
-Benchmark ``salt-run multimaster.sync_roots`` on a 5,000-file / 200 MB tree, side by side with
-``rsync -a`` of the same tree and with the floor.
+Benchmark ``salt-run multimaster.sync_roots`` on two tree shapes, side by side with ``rsync -a``
+of the same tree and with the floor.
 
-Starts two masters (127.0.0.21-22) and their control minions inside bench/run/roots/; master1's
-``file_roots`` hold a generated tree (nested directories, mostly small files and a few large
-ones, random content), master2's its own empty root. Then measures in one run:
+The shapes (``--shapes``, both by default, one after the other):
+
+- ``large``: 5,000 files / 200 MB under 50 directories, 100 files of 1.6 MB and the rest 8 KB on
+  average;
+- ``small``: 30,000 files of 2 KB median (log-normal sizes) under 3,000 directories 3 to 6
+  levels deep in 150 top-level directories, the shape of a tree of formula repositories.
+
+For each shape: two masters (127.0.0.21-22) and their control minions inside bench/run/roots/;
+master1's ``file_roots`` hold the generated tree (random content), master2's its own empty root.
+Then one run measures, every figure the median of ``--repeat`` turns, each turn printed:
 
 - floor: ``salt -L master2 test.ping`` (one publish round trip, CLI included);
 - rsync: ``rsync -a`` of master1's tree into master2's (emptied) tree;
 - rsync --fsync: the same with every file fsync'd, as ``sync_roots`` writes them (informative);
-- first: the first ``sync_roots roots=file`` (the whole tree into master2's emptied tree),
-  taking turns with both rsyncs, each after the disk has gone quiet (synced, nothing written
-  for 3 s): all three meet the disk in the same state;
+- first: the first ``sync_roots roots=file`` (the whole tree into master2's emptied tree), cold:
+  no hash cache on either master; it takes turns with both rsyncs, each after the disk has gone
+  quiet (synced, nothing written for 3 s): all three meet the disk in the same state;
 - no-op: ``sync_roots`` again (manifests and digests only);
 - one change: one file of the tree rewritten, then ``sync_roots``;
 - peak RSS of the ``salt-run`` process (against ``salt-run test.arg``, its idle size) and of
   master2's control minion and master1's daemons (against their size before the first sync).
 
-Usage: ``python bench/bench_sync_roots.py [--files 5000] [--mb 200] [--repeat 3]``.
+Usage: ``python bench/bench_sync_roots.py [--shapes large,small] [--repeat 3]``.
 """
 
 import argparse
+import math
 import os
 import random
 import shutil
@@ -56,26 +64,46 @@ def roots(mid):
 LAB = BenchLab("roots", MASTERS, devkit.Ports(publish=32010, ret=32011), roots)
 
 
-def make_tree(root, files, total_mb, seed=7):
+def make_large_tree(root, rng, files=5000, total_mb=200):
     """
     ``files`` files under 50 nested directories, ``total_mb`` MB in all: ``LARGE`` files carry
-    80% of the bytes, the rest are small (sizes vary); content is random (nothing compresses).
+    80% of the bytes, the rest are small (sizes vary).
     """
-    rng = random.Random(seed)
     total = total_mb * 1024 * 1024
     large = int(total * 0.8) // LARGE
     small = (total - large * LARGE) // max(files - LARGE, 1)
     for i in range(files):
         directory = os.path.join(root, f"d{i % 10}", f"e{i % 50 // 10}")
-        os.makedirs(directory, exist_ok=True)
         size = large if i < LARGE else rng.randint(small // 2, small * 3 // 2)
-        with open(os.path.join(directory, f"f{i:05d}.sls"), "wb") as handle:
-            handle.write(rng.randbytes(size))
+        write_random(os.path.join(directory, f"f{i:05d}.sls"), size, rng)
 
 
-def prepare(files, total_mb):
+def make_small_tree(root, rng, files=30000, per_dir=10, repos=150):
+    """
+    ``files`` files of 2 KB median (log-normal, at most 256 KB), ``per_dir`` to a directory,
+    the directories 3 to 6 levels deep under ``repos`` top-level ones.
+    """
+    for i in range(files):
+        directory = i // per_dir
+        below = directory // repos
+        levels = [f"l{below % 4}", f"m{below // 4 % 5}", f"n{below // 20}", "states", "files"]
+        path = os.path.join(root, f"repo{directory % repos:03d}", *levels[: 2 + directory % 5])
+        size = min(int(rng.lognormvariate(math.log(2048), 0.9)), 256 * 1024)
+        write_random(os.path.join(path, f"f{i:05d}.sls"), size, rng)
+
+
+SHAPES = {"large": make_large_tree, "small": make_small_tree}
+
+
+def write_random(path, size, rng):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as handle:
+        handle.write(rng.randbytes(size))
+
+
+def prepare(shape):
     def run():
-        make_tree(LAB.path("master1", "tree"), files, total_mb)
+        SHAPES[shape](LAB.path("master1", "tree"), random.Random(7))
         devkit.copy_formula(LAB.path("master1", "formula"))
         devkit.copy_formula(LAB.path("master2", "formula"))
         for directory in (LAB.path("master2", "tree"), LAB.path("master2", "pillar")):
@@ -95,6 +123,17 @@ def sync_roots():
     return seconds, rss
 
 
+def forget_hashes():
+    """
+    Remove every master's hash cache of its roots (``<cachedir>/multimaster/roots-hashes``):
+    the next sync hashes every file again, on both sides.
+    """
+    for dirpath, dirnames, _ in os.walk(LAB.run_dir):
+        if "roots-hashes" in dirnames:
+            shutil.rmtree(os.path.join(dirpath, "roots-hashes"))
+            dirnames.remove("roots-hashes")
+
+
 def tree_size(root):
     count = size = 0
     for dirpath, _, names in os.walk(root):
@@ -104,10 +143,9 @@ def tree_size(root):
 
 
 def parse_args():
-    """The command line: the tree's size (files, MB) and the turns of each measure."""
+    """The command line: the tree shapes and the turns of each measure."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("--files", type=int, default=5000)
-    parser.add_argument("--mb", type=int, default=200)
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="tree shapes, in turn")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--keep", action="store_true", help="leave the daemons running")
     return parser.parse_args()
@@ -118,14 +156,15 @@ def idle_measures(repeat):
     Before any sync: the floor (median of ``repeat`` pings), the peak RSS of an idle
     ``salt-run``, and the pids and sizes of master2's control minion and master1's daemons.
     """
-    floor = statistics.median(timed(lambda: LAB.ping("master2", ("-L",)))[0] for _ in range(repeat))
+    floors = [timed(lambda: LAB.ping("master2", ("-L",)))[0] for _ in range(repeat)]
     idle_cmd = LAB.command("salt-run", "master1", "test.arg", "--out=json")
     idle_runner = peak_rss_mb(idle_cmd)[2]
     minion_pid = LAB.control_minion_pid("master2")
     master_pid = devkit.read_pid(LAB.path("master1", "var", "run", "salt-master.pid"))
     idle_minion, idle_master = tree_peak_rss_mb(minion_pid), tree_peak_rss_mb(master_pid)
     return {
-        "floor": floor,
+        "floors": floors,
+        "floor": statistics.median(floors),
         "idle_runner": idle_runner,
         "minion_pid": minion_pid,
         "master_pid": master_pid,
@@ -159,6 +198,7 @@ def whole_tree_copies(rsync, source, repeat, pids):
                 emptied()
                 rsynced[name].append(timed(lambda copy=copy: subprocess.run(copy, check=True))[0])
             emptied()
+            forget_hashes()
             firsts.append(sync_roots())
     return rsynced, firsts, sampler.peaks
 
@@ -167,20 +207,21 @@ def changed_file_syncs(source, repeat):
     """
     ``sync_roots`` ``repeat`` times, each after one more file of ``source`` was changed.
     """
+    files = sorted(os.path.join(d, name) for d, _, names in os.walk(source) for name in names)
     changes = []
     for i in range(repeat):
-        victim = os.path.join(source, "d3", "e2", f"f{1000 + i:05d}.sls")
-        with open(victim, "ab") as handle:
+        with open(files[len(files) // 2 + i], "ab") as handle:
             handle.write(b"# changed\n")
         changes.append(sync_roots())
     return changes
 
 
-def measure(args, rsync, source):
+def measure(args, shape, rsync, source):
     """
-    Start the lab and take every measure of one run, as ``print_results`` reads them.
+    Start the lab with a tree of ``shape`` and take every measure of one run, as
+    ``print_results`` reads them.
     """
-    setup, _ = timed(lambda: LAB.start(prepare(args.files, args.mb)))
+    setup, _ = timed(lambda: LAB.start(prepare(shape)))
     count, size = tree_size(source)
     print(f"set-up: {setup:.1f}s (tree: {count} files, {size / 2**20:.0f} MB)")
     found = {"count": count, "size": size, **idle_measures(args.repeat)}
@@ -199,55 +240,60 @@ def measure(args, rsync, source):
     if copied != (count, size):
         raise SystemExit(f"master2's tree holds {copied}, expected {(count, size)}")
     noops = [sync_roots() for _ in range(args.repeat)]
-    found["noop"] = statistics.median(t for t, _ in noops)
+    found["noops"], found["noop"] = noops, statistics.median(t for t, _ in noops)
     changes = changed_file_syncs(source, args.repeat)
-    found["change"] = statistics.median(t for t, _ in changes)
+    found["changes"], found["change"] = changes, statistics.median(t for t, _ in changes)
     found["peak_runner"] = max([first_rss, *(r for _, r in noops + changes)])
     return types.SimpleNamespace(**found)
 
 
-def print_results(found):
+def turns(values):
+    return ", ".join(f"{t:.2f}" for t in values)
+
+
+def result_rows(found):
     """
-    The measures of one run (``measure``) as a table, each run's times and the peak RSS.
+    ``(measure, median seconds, relative)`` rows of one run (``measure``).
     """
-    rows = [
-        ("floor: salt -L master2 test.ping", found.floor, None),
+    first, noop, change, floor = found.first, found.noop, found.change, found.floor
+    return [
+        ("floor: salt -L master2 test.ping", floor, ""),
+        (f"rsync -a of the tree ({found.count} files)", found.rsync_time, ""),
+        ("rsync -a --fsync of the tree", found.fsync_time, ""),
         (
-            f"rsync -a of the tree ({found.count} files, {found.size / 2**20:.0f} MB)",
-            found.rsync_time,
-            None,
+            "cold first sync_roots (whole tree to master2)",
+            first,
+            f"{first / found.rsync_time:.2f} x rsync; {first / found.fsync_time:.2f} x --fsync",
         ),
-        ("rsync -a --fsync of the tree", found.fsync_time, None),
-        (
-            "first sync_roots (whole tree to master2)",
-            found.first,
-            f"{found.first / found.rsync_time:.2f} x rsync; "
-            f"{found.first / found.fsync_time:.2f} x rsync --fsync",
-        ),
-        ("no-op sync_roots", found.noop, f"{found.noop / found.floor:.2f} x floor"),
+        ("no-op sync_roots", noop, f"floor + {noop - floor:.2f}s; {noop / floor:.2f} x floor"),
         (
             "sync_roots after one changed file",
-            found.change,
-            f"{found.change / found.noop:.2f} x no-op",
+            change,
+            f"no-op + {change - noop:.2f}s; {change / noop:.2f} x no-op",
         ),
     ]
-    print(f"\n{'measure':<58} {'seconds':>8}  relative")
-    for name, secs, rel in rows:
-        print(f"{name:<58} {secs:8.2f}  {rel or ''}")
+
+
+def print_results(shape, found):
+    """
+    The measures of one run (``measure``) as a table, each turn's times and the peak RSS.
+    """
+    print(f"\n{shape} tree: {found.count} files, {found.size / 2**20:.0f} MB")
+    print(f"{'measure':<50} {'seconds':>8}  relative")
+    for name, secs, rel in result_rows(found):
+        print(f"{name:<50} {secs:8.2f}  {rel}")
     print(
-        f"\neach run, s: rsync {', '.join(f'{t:.2f}' for t in found.rsynced['rsync'])}; "
-        f"rsync --fsync {', '.join(f'{t:.2f}' for t in found.rsynced['fsync'])}; "
-        f"first sync_roots {', '.join(f'{t:.2f}' for t, _ in found.firsts)}"
+        f"each turn, s: floor {turns(found.floors)}; rsync {turns(found.rsynced['rsync'])}; "
+        f"rsync --fsync {turns(found.rsynced['fsync'])}; "
+        f"cold first sync_roots {turns(t for t, _ in found.firsts)}; "
+        f"no-op {turns(t for t, _ in found.noops)}; "
+        f"one change {turns(t for t, _ in found.changes)}"
     )
     print(
         f"peak RSS, MB (idle -> peak): salt-run {found.idle_runner:.0f} -> "
         f"{found.peak_runner:.0f}; "
         f"master2's control minion {found.idle_minion:.0f} -> {found.minion_peak:.0f}; "
         f"master1's daemons {found.idle_master:.0f} -> {found.master_peak:.0f}"
-    )
-    print(
-        "targets: first <= 3 x rsync; one change <= 1.5 x no-op; no-op <= 2 x floor; "
-        "peak RSS within 100 MB of idle"
     )
 
 
@@ -257,12 +303,20 @@ def main():
     if not rsync:
         raise SystemExit("rsync is needed for the comparison: apt-get install rsync")
     source = LAB.path("master1", "tree")
+    results = {}
     try:
-        found = measure(args, rsync, source)
+        # Each shape starts from a fresh run directory (LAB.start stops what ran before).
+        for shape in args.shapes.split(","):
+            results[shape] = measure(args, shape, rsync, source)
     finally:
         if not args.keep:
             LAB.stop_all()
-    print_results(found)
+    for shape, found in results.items():
+        print_results(shape, found)
+    print(
+        "\ntargets: cold first <= 3 x rsync -a and <= 2 x rsync --fsync; one change <= 1.5 x "
+        "no-op; no-op <= floor + 1 s; peak RSS within 100 MB of idle"
+    )
 
 
 if __name__ == "__main__":
