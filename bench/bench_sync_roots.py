@@ -303,16 +303,14 @@ def main():
     if not rsync:
         raise SystemExit("rsync is needed for the comparison: apt-get install rsync")
     source = LAB.path("master1", "tree")
-    results = {}
     try:
-        # Each shape starts from a fresh run directory (LAB.start stops what ran before).
+        # Each shape starts from a fresh run directory (LAB.start stops what ran before); its
+        # figures are printed as soon as it is measured.
         for shape in args.shapes.split(","):
-            results[shape] = measure(args, shape, rsync, source)
+            print_results(shape, measure(args, shape, rsync, source))
     finally:
         if not args.keep:
             LAB.stop_all()
-    for shape, found in results.items():
-        print_results(shape, found)
     print(
         "\ntargets: cold first <= 3 x rsync -a and <= 2 x rsync --fsync; one change <= 1.5 x "
         "no-op; no-op <= floor + 1 s; peak RSS within 100 MB of idle"
