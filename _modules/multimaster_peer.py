@@ -369,7 +369,8 @@ def roots_manifest(
     unless, dirs
         The primary's digests (``{kind: {env: [digest, ...]}}``) and per-directory digests
         (``{kind: {env: [{dir: digest}, ...]}}``): with ``full``, a kind whose digests equal
-        ``unless`` is left out, and each manifest holds only the directories that differ.
+        ``unless`` is left out, and each manifest holds only the directories that differ
+        (``dirs`` too large to publish: ``{"staged": {master id: descriptor}}``, pulled).
 
     CLI Example:
 
@@ -377,7 +378,8 @@ def roots_manifest(
 
         salt-run multimaster.sync_roots test=True   # the runner calls this
     """
-    return multimaster_manifest.peer_manifest(__opts__, *_mopts(), kinds, full, nonce, unless, dirs)
+    asked = (kinds, full, nonce, unless, dirs, multimaster_transport.puller(__salt__))
+    return multimaster_manifest.peer_manifest(__opts__, *_mopts(), *asked)
 
 
 @_signed_answer

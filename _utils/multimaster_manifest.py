@@ -16,6 +16,7 @@ import contextlib
 import fnmatch
 import hashlib
 import json
+import logging
 import os
 import re
 import stat
@@ -25,6 +26,9 @@ import multimaster_safefs
 import multimaster_seal
 import multimaster_transport
 import salt.utils.atomicfile
+from salt.exceptions import CommandExecutionError
+
+log = logging.getLogger(__name__)
 
 # A file changed this recently is hashed again next time: a second write within one timestamp
 # tick would leave its size, mtime and ctime as they were.
@@ -233,8 +237,11 @@ def digests(roots):
 
 
 # The most a publish may carry of one master's per-directory digests (JSON bytes): beyond it
-# the peers send whole manifests.
+# they are staged for each peer to pull (a peer without them would have to seal its whole
+# manifest, and a Salt 3008 minion trims a return over max_event_size, 1 MiB).
 DIR_DIGESTS_LIMIT = 32 * 1024
+# The most a peer pulls of staged per-directory digests (JSON bytes).
+DIR_DIGESTS_PULL_LIMIT = 64 * 1024 * 1024
 
 
 def _dir_of(relpath):
@@ -497,14 +504,46 @@ def narrowed(files, modes, dirs):
     return cut_files, cut_modes, partial
 
 
+def staged_dir_digests(dirs, master_id, pull):
+    """
+    The primary's per-directory digests as ``roots_manifest`` got them in ``dirs``: as they
+    are, or, for ``{"staged": {master id: transfer descriptor}}``, those staged for
+    ``master_id``, pulled with ``pull``. None when none were staged for it or the pull fails
+    (the peer then seals its whole manifest, as without digests).
+
+    dirs
+        The ``dirs`` argument of ``roots_manifest``.
+
+    master_id
+        The id of the master this control minion serves.
+
+    pull
+        ``pull(ticket, offset)`` (``multimaster_transport.ContentPull`` in a job).
+    """
+    staged = dirs.get("staged") if isinstance(dirs, dict) else None
+    if not isinstance(staged, dict):
+        return dirs
+    descriptor = staged.get(master_id)
+    if descriptor is None:
+        return None
+    try:
+        return multimaster_transport.pulled_json(
+            descriptor, DIR_DIGESTS_PULL_LIMIT, "directory digests", pull
+        )
+    except CommandExecutionError as exc:
+        log.warning("multimaster: the primary's directory digests could not be pulled: %s", exc)
+        return None
+
+
 def peer_manifest(
-    minion_opts, master, mopts, kinds, full=False, nonce=None, unless=None, dirs=None
+    minion_opts, master, mopts, kinds, full=False, nonce=None, unless=None, dirs=None, pull=None
 ):
     """
     What ``multimaster_peer.roots_manifest`` answers for ``master`` (its opts ``mopts``): the
     summaries and real paths of its roots, a fresh challenge and, with ``full``, the manifests
     of the kinds that differ from ``unless``, cut to ``dirs`` and sealed to the master that
-    asked, bound to its ``nonce``.
+    asked, bound to its ``nonce``. ``pull``: the job's ``multimaster_transport.puller``, where
+    ``dirs`` were staged (``staged_dir_digests``).
     """
     roots, files, modes = summarized_manifests(
         mopts, [kind for kind in kinds if kind in ROOT_KINDS]
@@ -517,6 +556,9 @@ def peer_manifest(
     mine, theirs = digests(roots), unless if isinstance(unless, dict) else {}
     differing = {kind: envs for kind, envs in files.items() if mine[kind] != theirs.get(kind)}
     if full and differing:
+        # Through the primary's file server, as the content comes (peer_run where it cannot).
+        with contextlib.closing(multimaster_transport.ContentPull(minion_opts, pull)) as fetch:
+            dirs = staged_dir_digests(dirs, master["id"], fetch)
         files, modes, partial = narrowed(differing, modes, dirs)
         ret["sealed"] = multimaster_seal.seal(
             {"files": files, "dir_modes": modes, "dirs": partial},

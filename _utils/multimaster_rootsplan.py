@@ -10,7 +10,6 @@ import itertools
 import os
 
 import multimaster_manifest
-import salt.utils.json
 from salt.exceptions import SaltInvocationError
 
 
@@ -266,21 +265,18 @@ def published(roots):
 def published_dir_digests(local):
     """
     ``{kind: {env: [{dir: digest}, ...]}}`` of this master's published roots (``published``),
-    for the peers to return only the directories that differ; ``None`` when that would not fit
-    in a small publish (``multimaster_manifest.DIR_DIGESTS_LIMIT``).
+    for the peers to return only the directories that differ.
 
     local
         This master's ``multimaster_manifest.manifests``.
     """
-    dirs = {
+    return {
         kind: {
             env: [multimaster_manifest.dir_digests(r["files"], r["dirs"]) for r in rs]
             for env, rs in envs.items()
         }
         for kind, envs in published(local).items()
     }
-    size = len(salt.utils.json.dumps(dirs))
-    return dirs if size <= multimaster_manifest.DIR_DIGESTS_LIMIT else None
 
 
 def _per_root(value, files, what, valid):

@@ -19,6 +19,7 @@ import multimaster_masterkey
 import multimaster_rootsplan
 import multimaster_seal
 import multimaster_transport
+import salt.utils.json
 from salt.exceptions import SaltInvocationError
 
 ROOT_CHOICES = {
@@ -102,13 +103,27 @@ def _manifest_round(run, found, current, kinds, timeout):
             "full": True,
             "nonce": nonce,
             "unless": multimaster_rootsplan.published(digests),
-            "dirs": multimaster_rootsplan.published_dir_digests(local),
+            "dirs": _published_dir_digests(run, found, local),
         },
         timeout,
         multimaster_rootsplan.manifest_answer_check,
     )
     multimaster_rootsplan.check_layouts(multimaster_control.ids(found)[0], local, answers)
     return _Round(local, digests, nonce, answers, errors)
+
+
+def _published_dir_digests(run, found, local):
+    """
+    This master's per-directory digests for the manifest publish: as they are when they fit in
+    ``multimaster_manifest.DIR_DIGESTS_LIMIT``, else ``{"staged": {master: descriptor}}``,
+    staged for each peer's control minion to pull (the publish carries only the descriptors).
+    """
+    dirs = multimaster_rootsplan.published_dir_digests(local)
+    if len(salt.utils.json.dumps(dirs)) <= multimaster_manifest.DIR_DIGESTS_LIMIT:
+        return dirs
+    peers = multimaster_control.ids(found)[1:]
+    staged = {m: multimaster_control.staged(run, found, m, dirs, fileserver=True) for m in peers}
+    return {"staged": staged}
 
 
 def _synced_masters(run, found, round_, test, timeout):

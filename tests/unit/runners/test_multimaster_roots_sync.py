@@ -12,6 +12,7 @@ import stat
 
 import multimaster_control
 import multimaster_keywrite
+import multimaster_manifest
 import multimaster_masterkey
 import multimaster_returns
 import multimaster_safefs
@@ -200,6 +201,34 @@ def test_file_root_directories_get_the_primary_s_modes(hosts):
     assert ret["masters"]["m2"]["changes"]["dir_modes"] == [str(primary.salt / "web")], ret
     assert mode_of(peer.salt / "web") == 0o750
     assert runner.sync_roots(roots="file")["masters"]["m2"] == {"result": True, "changed": False}
+
+
+def test_directory_digests_too_large_for_a_publish_are_pulled_and_still_narrow_the_answer(
+    hosts, monkeypatch
+):
+    """
+    A tree of thousands of directories: the primary's per-directory digests do not fit in a
+    publish, so they are staged for the peer, which pulls them and still seals only the
+    directories that differ (its whole manifest would be over what its minion returns).
+    """
+    runner, primary, peer = hosts
+    monkeypatch.setattr(multimaster_manifest, "DIR_DIGESTS_LIMIT", 0)
+    for n in range(200):
+        (primary.salt / f"d{n}").mkdir()
+        (primary.salt / f"d{n}" / "init.sls").write_text(f"{n}: {{}}\n")
+    assert runner.sync_roots(roots="file")["retcode"] == 0
+    (primary.salt / "d7" / "init.sls").write_text("changed: {}\n")
+    asked = []
+    real = peer.peer.roots_manifest
+    monkeypatch.setattr(peer.peer, "roots_manifest", lambda **kw: asked.append(kw) or real(**kw))
+    ret = runner.sync_roots(roots="file")
+    assert ret["retcode"] == 0, ret
+    assert ret["masters"]["m2"]["changes"]["counts"]["changed"] == 1, ret
+    assert (peer.salt / "d7" / "init.sls").read_text() == "changed: {}\n"
+    assert set(asked[0]["dirs"]) == {"staged"} and set(asked[0]["dirs"]["staged"]) == {"m2"}
+    # What the peer sealed: the one differing directory's manifest, not all 200 (30 KB).
+    sealed = [r["answer"]["sealed"] for r in peer.returns if (r.get("answer") or {}).get("sealed")]
+    assert len(json.dumps(sealed[-1])) < 4000, len(json.dumps(sealed[-1]))
 
 
 SECRET = "secret-customer-name"

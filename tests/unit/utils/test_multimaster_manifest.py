@@ -306,6 +306,35 @@ def test_a_peer_manifest_cut_to_the_differing_directories_plans_as_the_whole_one
     assert manifest.narrowed(whole, modes, garbage)[0] == whole
 
 
+def test_digests_too_large_for_a_publish_are_pulled_from_where_the_primary_staged_them(tmp_path):
+    """
+    The primary's per-directory digests of a tree with thousands of directories do not fit a
+    publish: it stages them for each peer, and the peer pulls those staged for its master. A
+    peer without them would seal its whole manifest, over what a Salt 3008 minion returns
+    untrimmed (1 MiB).
+    """
+    import multimaster_transport as transport
+
+    primary = {"cachedir": str(tmp_path), "minimum_auth_version": 3}
+    digests = {"file_roots": {"base": [{"": "a" * 64, "deep/er": "b" * 64}]}}
+    staged = {
+        "staged": {
+            m: transport.stage(primary, f"cm-{m}", json.dumps(digests).encode())
+            for m in ("master2", "master3")
+        }
+    }
+
+    def pull_as(requester):
+        return lambda ticket, offset: transport.serve(primary, requester, ticket, offset)
+
+    assert manifest.staged_dir_digests(staged, "master2", pull_as("cm-master2")) == digests
+    # Digests that came in the publish are used as they are; none staged for this master, or a
+    # pull the primary refuses (another minion's ticket): no digests, the whole manifest.
+    assert manifest.staged_dir_digests(digests, "master2", None) is digests
+    assert manifest.staged_dir_digests(staged, "master4", pull_as("cm-master4")) is None
+    assert manifest.staged_dir_digests(staged, "master3", pull_as("cm-master2")) is None
+
+
 def test_a_directory_swapped_for_a_symlink_during_the_scan_is_not_read_through(
     tmp_path, monkeypatch
 ):
