@@ -474,13 +474,53 @@ def _summary(kind, root):
     return summary
 
 
-def narrowed(files, modes, dirs):
+# The most one answer carries of a peer's manifests where they are cut to directories (JSON
+# bytes of their entries): sealed and base64-encoded they stay well under Salt's
+# max_event_size (1 MiB), past which a Salt 3008 minion trims a return.
+ANSWER_LIMIT = 384 * 1024
+
+
+class AnswerBudget:
+    """
+    How much of the differing directories' manifests one answer may carry (``limit`` JSON
+    bytes): the directories after the first that does not fit are left out, and counted in
+    ``left``, for the runner's next round. The first directory of an answer always fits (a
+    round always makes progress).
+    """
+
+    def __init__(self, limit=None):
+        self.room = ANSWER_LIMIT if limit is None else limit
+        self.taken = 0
+        self.left = 0
+
+    def take(self, where, files):
+        """
+        The leading directories of ``where`` (sorted) whose entries of ``files`` still fit.
+        """
+        cost = {}
+        for relpath, entry in files.items():
+            directory = _dir_of(relpath)
+            cost[directory] = cost.get(directory, 0) + len(relpath) + len(json.dumps(entry)) + 8
+        kept = []
+        for directory in where:
+            need = cost.get(directory, 0) + len(directory) + 8
+            if self.left or (self.taken and need > self.room):
+                self.left += 1
+                continue
+            self.room -= need
+            self.taken += 1
+            kept.append(directory)
+        return kept
+
+
+def narrowed(files, modes, dirs, budget=None):
     """
     ``(files, modes, partial)`` in the shape of ``files``: each root's manifest and directory
     modes cut down to the directories whose digests differ from the primary's ``dirs`` (the
-    directories themselves in ``partial``), or whole (``None`` in ``partial``) where ``dirs``
-    says nothing usable.
+    directories themselves in ``partial``), as many as ``budget`` (an ``AnswerBudget``) lets
+    one answer carry; or whole (``None`` in ``partial``) where ``dirs`` says nothing usable.
     """
+    budget = budget or AnswerBudget(float("inf"))
     cut_files, cut_modes, partial = {}, {}, {}
     for kind, envs in files.items():
         for env, roots in envs.items():
@@ -495,7 +535,7 @@ def narrowed(files, modes, dirs):
                 ):
                     cut, where = manifest, None
                 else:
-                    where = differing_dirs(manifest, their_digests, mine)
+                    where = budget.take(differing_dirs(manifest, their_digests, mine), manifest)
                     cut = within(manifest, where)
                     mine = modes_within(mine, where)
                 cut_files.setdefault(kind, {}).setdefault(env, []).append(cut)
@@ -559,9 +599,10 @@ def peer_manifest(
         # Through the primary's file server, as the content comes (peer_run where it cannot).
         with contextlib.closing(multimaster_transport.ContentPull(minion_opts, pull)) as fetch:
             dirs = staged_dir_digests(dirs, master["id"], fetch)
-        files, modes, partial = narrowed(differing, modes, dirs)
+        budget = AnswerBudget()
+        files, modes, partial = narrowed(differing, modes, dirs, budget)
         ret["sealed"] = multimaster_seal.seal(
-            {"files": files, "dir_modes": modes, "dirs": partial},
+            {"files": files, "dir_modes": modes, "dirs": partial, "left": budget.left},
             "roots_manifest",
             master["id"],
             multimaster_seal.own_file(minion_opts, "minion_master.pub"),

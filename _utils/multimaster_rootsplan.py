@@ -317,6 +317,27 @@ def partial_check(partial, files):
     )
 
 
+def left_check(left):
+    """
+    How many differing directories a peer's answer left for another round: a count, else
+    ``RootsRefused``.
+    """
+    if isinstance(left, bool) or not isinstance(left, int) or not 0 <= left <= 10**7:
+        raise RootsRefused(f"left: got {str(left)[:40]!r}; expected a count of directories")
+    return left
+
+
+def added_reports(first, second, shown):
+    """
+    Two ``plan_report`` results as one: counts and bytes added, at most ``shown`` paths of each
+    list.
+    """
+    report = {key: sorted(first[key] + second[key])[:shown] for key in (*_LISTED,)}
+    report["skipped"] = {**first["skipped"], **second["skipped"]}
+    counts = {key: first["counts"][key] + second["counts"][key] for key in first["counts"]}
+    return {"counts": counts, "bytes": first["bytes"] + second["bytes"], **report}
+
+
 def modes_check(modes, files):
     """
     The peer's directory modes, checked to have the shape of ``files`` and to hold permission

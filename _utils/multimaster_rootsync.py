@@ -65,9 +65,68 @@ def sync_roots(run, roots="both", test=False, timeout=300):
     if notes:
         ret["comment"] = "; ".join(notes)
     ret["masters"] = _synced_masters(run, found, round_, test, timeout)
+    if not test:
+        _further_rounds(run, found, current, kinds, ret["masters"], timeout)
     return multimaster_control.finish(
         run, ret, any(r.get("result") is False for r in ret["masters"].values())
     )
+
+
+# The most rounds one sync_roots makes while peers answer that directories are left (each
+# round carries at most multimaster_manifest.ANSWER_LIMIT of manifests per peer).
+MAX_ROUNDS = 50
+
+
+def _further_rounds(run, found, current, kinds, results, timeout):
+    """
+    While a peer's answer left directories out (too many differ for one answer), another
+    round for the rest, each peer's results added up in ``results``; a peer still left after
+    ``MAX_ROUNDS`` fails, with the command that goes on.
+    """
+    rounds = 1
+    while any(r.get("left") for r in results.values()) and rounds < MAX_ROUNDS:
+        rounds += 1
+        run.progress(f"round {rounds}: directories left on {', '.join(_with_left(results))}")
+        try:
+            round_ = _manifest_round(run, found, current, kinds, timeout)
+        except SaltInvocationError as exc:
+            for master in _with_left(results):
+                results[master] = {**results[master], "result": False, "error": str(exc)}
+            return
+        for master, result in _synced_masters(run, found, round_, False, timeout).items():
+            results[master] = _added(results.get(master), result)
+    for master in _with_left(results):
+        left = results[master]["left"]
+        results[master] = {
+            **results[master],
+            "result": False,
+            "error": f"{left} differing director{'y' if left == 1 else 'ies'} left after "
+            f"{rounds} rounds: run 'salt-run multimaster.sync_roots' again",
+        }
+
+
+def _with_left(results):
+    return sorted(m for m, r in results.items() if r.get("left"))
+
+
+def _added(before, now):
+    """
+    One peer's result over two rounds: changes, bytes and failures added up; the later round's
+    outcome (its ``left``, its error) with a failure in either round a failure.
+    """
+    if not before or not before.get("changes"):
+        return now
+    kept = ("changes", "moved_bytes", "failed", "changed")
+    merged = {k: v for k, v in before.items() if k not in ("left", "changed")}
+    merged.update({k: v for k, v in now.items() if k not in kept})
+    if now.get("changes"):
+        merged["changes"] = multimaster_rootsplan.added_reports(
+            before["changes"], now["changes"], multimaster_control.SHOWN
+        )
+        merged["moved_bytes"] = (before.get("moved_bytes") or 0) + (now.get("moved_bytes") or 0)
+        merged["failed"] = (before.get("failed") or []) + (now.get("failed") or [])
+    merged["result"] = before.get("result") is not False and now.get("result") is not False
+    return merged
 
 
 def _sync_target(run, roots):
@@ -147,18 +206,19 @@ def _sync_one_root_set(run, found, master, round_, test, timeout):
     """
     answer, local = round_.answers[master], round_.local
     try:
-        files, modes, partial = opened_manifest(run, found, master, answer, round_.nonce)
+        files, modes, partial, left = opened_manifest(run, found, master, answer, round_.nonce)
         pairs, members = multimaster_rootsplan.sync_plan(local, files, modes, partial)
     except (SaltInvocationError, multimaster_seal.SealError) as exc:
         return {"result": False, "error": f"manifest of {master}: {exc}"}
     except (KeyError, IndexError, TypeError):
         return {"result": False, "error": malformed_manifest(master)}
     report = multimaster_rootsplan.plan_report(pairs, local, multimaster_control.SHOWN)
+    more = {"left": left} if left else {}
     if test:
-        return {"result": None, "planned": report}
+        return {"result": None, "planned": report, **more}
     run.progress(f"{master}: {report['counts']} ({report['bytes']} bytes)")
     plan = _deliver_roots(run, found, master, pairs, members, answer.get("binding"))
-    return _applied(run, found, master, plan, report, timeout)
+    return {**_applied(run, found, master, plan, report, timeout), **more}
 
 
 def _applied(run, found, master, plan, report, timeout):
@@ -200,10 +260,10 @@ class _Nonce:
 
 def opened_manifest(run, found, master, answer, nonce):
     """
-    ``(files, modes, partial)``: the peer's file manifests and directory modes, unsealed with
-    this master's key and checked to be signed by the peer's control minion (its key accepted
-    here) and bound to this run; and per root the directories a manifest covers (``None``: the
-    whole root).
+    ``(files, modes, partial, left)``: the peer's file manifests and directory modes, unsealed
+    with this master's key and checked to be signed by the peer's control minion (its key
+    accepted here) and bound to this run; per root the directories a manifest covers (``None``:
+    the whole root); and how many differing directories the answer left for another round.
     """
     entry = multimaster_control.by_id(found)[master]
     problem = multimaster_masterkey.recipient_problem(run, entry, {})
@@ -223,6 +283,7 @@ def opened_manifest(run, found, master, answer, nonce):
         files,
         multimaster_rootsplan.modes_check(body.get("dir_modes"), files),
         multimaster_rootsplan.partial_check(body.get("dirs"), files),
+        multimaster_rootsplan.left_check(body.get("left", 0)),
     )
 
 

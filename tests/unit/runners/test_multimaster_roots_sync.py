@@ -15,6 +15,7 @@ import multimaster_keywrite
 import multimaster_manifest
 import multimaster_masterkey
 import multimaster_returns
+import multimaster_rootsync
 import multimaster_safefs
 import multimaster_status
 import multimaster_transport
@@ -229,6 +230,56 @@ def test_directory_digests_too_large_for_a_publish_are_pulled_and_still_narrow_t
     # What the peer sealed: the one differing directory's manifest, not all 200 (30 KB).
     sealed = [r["answer"]["sealed"] for r in peer.returns if (r.get("answer") or {}).get("sealed")]
     assert len(json.dumps(sealed[-1])) < 4000, len(json.dumps(sealed[-1]))
+
+
+@pytest.fixture
+def five_changed(hosts):
+    """
+    Five directories synced, then changed on the primary: ``(runner, primary, peer)``.
+    """
+    runner, primary, peer = hosts
+    for n in range(5):
+        (primary.salt / f"d{n}").mkdir()
+        (primary.salt / f"d{n}" / "init.sls").write_text(f"{n}: {{}}\n")
+    assert runner.sync_roots(roots="file")["retcode"] == 0
+    for n in range(5):
+        (primary.salt / f"d{n}" / "init.sls").write_text(f"changed {n}: {{}}\n")
+    return hosts
+
+
+def test_a_peer_whose_differing_manifests_exceed_one_answer_is_synced_in_rounds(
+    five_changed, monkeypatch
+):
+    """
+    Each answer carries at most ANSWER_LIMIT of manifests (a Salt 3008 minion trims a return
+    over 1 MiB): here one directory per answer, so five changed directories take five rounds
+    of one sync_roots, whose report adds them up.
+    """
+    runner, primary, peer = five_changed
+    monkeypatch.setattr(multimaster_manifest, "ANSWER_LIMIT", 1)
+    ret = runner.sync_roots(roots="file")
+    assert ret["retcode"] == 0, ret
+    result = ret["masters"]["m2"]
+    assert result["changes"]["counts"]["changed"] == 5 and "left" not in result, result
+    for n in range(5):
+        assert (peer.salt / f"d{n}" / "init.sls").read_text() == f"changed {n}: {{}}\n"
+    assert runner.sync_roots(roots="file")["masters"]["m2"] == {"result": True, "changed": False}
+
+
+def test_rounds_are_bounded_and_a_re_run_goes_on(five_changed, monkeypatch):
+    runner, primary, peer = five_changed
+    monkeypatch.setattr(multimaster_manifest, "ANSWER_LIMIT", 1)
+    monkeypatch.setattr(multimaster_rootsync, "MAX_ROUNDS", 2)
+    ret = runner.sync_roots(roots="file")
+    assert ret["retcode"] == 1
+    assert ret["masters"]["m2"]["error"] == (
+        "3 differing directories left after 2 rounds: run 'salt-run multimaster.sync_roots' again"
+    )
+    assert ret["masters"]["m2"]["changes"]["counts"]["changed"] == 2
+    assert runner.sync_roots(roots="file")["masters"]["m2"]["error"].startswith(
+        "1 differing directory left"
+    )
+    assert runner.sync_roots(roots="file")["retcode"] == 0
 
 
 SECRET = "secret-customer-name"

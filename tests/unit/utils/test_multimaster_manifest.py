@@ -335,6 +335,20 @@ def test_digests_too_large_for_a_publish_are_pulled_from_where_the_primary_stage
     assert manifest.staged_dir_digests(staged, "master3", pull_as("cm-master2")) is None
 
 
+def test_an_answer_carries_the_leading_differing_directories_that_fit_and_counts_the_rest():
+    entry = {"size": 1, "mode": 0o644, "sha256": "0" * 64}
+    files = {f"d{n}/f{i}.sls": entry for n in range(4) for i in range(3)}
+    probe = manifest.AnswerBudget(10**6)
+    probe.take(["d0"], files)
+    one_dir = 10**6 - probe.room
+    budget = manifest.AnswerBudget(one_dir * 5 // 2)
+    assert budget.take(["d0", "d1", "d2"], files) == ["d0", "d1"]
+    # Once one directory did not fit, the rest of the answer is left too (a sorted prefix).
+    assert budget.take(["d3"], files) == [] and budget.left == 2
+    # The first directory of an answer always goes, however large: each round makes progress.
+    assert manifest.AnswerBudget(0).take(["d2", "d3"], files) == ["d2"]
+
+
 def test_a_directory_swapped_for_a_symlink_during_the_scan_is_not_read_through(
     tmp_path, monkeypatch
 ):
