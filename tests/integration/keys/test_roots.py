@@ -318,3 +318,33 @@ def test_no_roots_publish_exceeds_64_kb(cluster, trees):
         assert pulled < 4096, loads  # the pull jobs that carried chunks are gone
     finally:
         (trees / "big.bin").unlink()
+
+
+def test_a_tree_of_thousands_of_directories_syncs_one_change(cluster, trees):
+    """
+    5,000 directories: master1's per-directory digests are over what a publish carries, so
+    they are staged for each peer to pull; after one change each peer seals one directory's
+    manifest, where its whole manifest of 10,000 files would be over what its minion returns
+    untrimmed (1 MiB).
+    """
+    many = trees / "many"
+    for n in range(5000):
+        directory = many / f"r{n % 100:03d}" / f"s{n // 100:02d}"
+        directory.mkdir(parents=True)
+        for name in ("init.sls", "map.jinja"):
+            (directory / name).write_text(f"{n}-{name}: {{}}\n")
+    try:
+        assert cluster.run("sync_roots").returncode == 0
+        (many / "r007" / "s03" / "init.sls").write_text("changed: {}\n")
+        ret = cluster.run("sync_roots")
+        assert ret.returncode == 0, ret
+        for index in (1, 2):
+            counts = ret.data["masters"][cluster.masters[index].id]["changes"]["counts"]
+            assert (counts["added"], counts["changed"], counts["deleted"]) == (0, 1, 0), counts
+            _, peer_tree, _, _ = paths_of(cluster, index)
+            assert (peer_tree / "many" / "r007" / "s03" / "init.sls").read_text() == (
+                "changed: {}\n"
+            )
+    finally:
+        shutil.rmtree(many)
+        assert cluster.run("sync_roots").returncode == 0
