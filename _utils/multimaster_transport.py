@@ -33,11 +33,13 @@ import multimaster_jobcache
 import multimaster_safefs
 import salt.channel.client
 import salt.loader
+import salt.payload
+import salt.utils.files
 import salt.utils.jid
 import salt.utils.json
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from salt.exceptions import CommandExecutionError, SaltReqTimeoutError
+from salt.exceptions import CommandExecutionError, SaltDeserializationError, SaltReqTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -423,6 +425,10 @@ def record_runner_load(opts, jid, fun, minion, user=None):
         return
     if opts.get("ext_job_cache") or opts.get("master_job_cache", "local_cache") != "local_cache":
         return
+    if _running_function(opts, jid) != fun:
+        # Salt sets a runner's __jid__ in the module's globals, which the reactor's threads
+        # share: a jid another job set meanwhile is left alone (Salt stores ours, slowly).
+        return
     load = {"jid": jid, "id": minion, "tgt": minion, "tgt_type": "glob", "fun": fun}
     load["user"] = user or "UNKNOWN"
     try:
@@ -434,6 +440,18 @@ def record_runner_load(opts, jid, fun, minion, user=None):
     except Exception as exc:  # pylint: disable=broad-except
         # Only a shortcut: without it Salt stores the load itself, the slow way.
         log.debug("multimaster: could not record runner job %s: %s", jid, exc)
+
+
+def _running_function(opts, jid):
+    """
+    What runner job ``jid`` runs, from the job tracker file Salt writes before it calls the
+    function (``<cachedir>/proc/<jid>``); None when there is none.
+    """
+    try:
+        with salt.utils.files.fopen(os.path.join(opts["cachedir"], "proc", str(jid)), "rb") as fp_:
+            return salt.payload.load(fp_).get("fun")
+    except (OSError, ValueError, AttributeError, SaltDeserializationError):
+        return None
 
 
 def serve(opts, requester, ticket, offset, jid=None, raw=False):

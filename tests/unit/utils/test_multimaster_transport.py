@@ -319,6 +319,18 @@ def test_a_transfer_not_pulled_to_its_end_keeps_its_ticket(sender, small_chunks)
     assert transport.serve(sender, "cm2", descriptor["ticket"], 1000)["done"] is True
 
 
+def running(opts, jid, fun):
+    """
+    The job tracker file Salt's runner client writes before it calls a runner function.
+    """
+    import salt.payload
+
+    proc = os.path.join(opts["cachedir"], "proc")
+    os.makedirs(proc, exist_ok=True)
+    with open(os.path.join(proc, jid), "wb") as handle:
+        handle.write(salt.payload.dumps({"fun": fun, "jid": jid, "user": "root", "pid": 1}))
+
+
 def test_a_recorded_pull_is_stored_without_listing_every_key(tmp_path, monkeypatch):
     # Salt's own job store, on a real local_cache: with the pull's load recorded first it does not
     # glob the requester's id over the accepted keys (O(keys) per pull), and the stored load
@@ -350,6 +362,7 @@ def test_a_recorded_pull_is_stored_without_listing_every_key(tmp_path, monkeypat
     load, returns = store("20261125000000000001")
     assert listed and "CHUNK" in repr(load)  # without the record: every key listed, chunk kept
     listed.clear()
+    running(opts, "20261125000000000002", "runner." + transport.PULL)
     transport.record_pull(opts, "cm2", "20261125000000000002")
     load, returns = store("20261125000000000002")
     assert listed == []
@@ -373,6 +386,7 @@ def test_a_recorded_runner_job_is_stored_without_listing_every_key(tmp_path, mon
         salt.utils.minions.CkMinions, "check_minions", lambda self, *a, **k: listed.append(a)
     )
     jid, fun = "20261127000000000001", "runner.multimaster.sync_keys"
+    running(opts, jid, fun)
     transport.record_runner_load(opts, jid, fun, opts["id"], user="root")
     ret = {"jid": jid, "fun": fun, "return": {"comment": "All masters already hold the same keys"}}
     salt.utils.job.store_job(
@@ -392,9 +406,15 @@ def test_no_runner_job_is_recorded_where_salt_would_store_none(tmp_path):
     opts = salt.config.master_config(os.devnull)
     opts.update(cachedir=str(tmp_path / "cache"), pki_dir=str(tmp_path / "pki"))
     jid = "20261127000000000002"
+    running(opts, jid, "runner.x.y")
     transport.record_runner_load(dict(opts, runner_returns=False), jid, "runner.x.y", "m1")
     transport.record_runner_load(opts, None, "runner.x.y", "m1")
-    transport.record_runner_load(dict(opts, master_job_cache="multimaster_pgjsonb"), jid, "f", "m1")
+    transport.record_runner_load(
+        dict(opts, master_job_cache="multimaster_pgjsonb"), jid, "runner.x.y", "m1"
+    )
+    # Salt runs another function under this jid: the reactor's threads share a module's
+    # globals, so __jid__ may be another job's by the time the function reads it.
+    transport.record_runner_load(opts, jid, "runner.x.z", "m1")
     assert salt.loader.returners(opts, {})["local_cache.get_load"](jid) == {}
 
 
@@ -408,6 +428,7 @@ def test_a_recorded_pull_job_is_not_scrubbed_by_salt_s_job_cleaner(tmp_path):
     opts = salt.config.master_config(os.devnull)
     opts.update(cachedir=str(tmp_path / "cache"), pki_dir=str(tmp_path / "pki"))
     jid = "20261125000000000003"
+    running(opts, jid, "runner." + transport.PULL)
     transport.record_pull(opts, "cm2", jid)
     loader = salt.loader.returners(opts, {})
     loader["local_cache.clean_old_jobs"]()
