@@ -354,8 +354,7 @@ def roots_manifest(
 ):
     """
     This host's master's roots: per kind, env and position ``{"path", "digest", "count",
-    "skipped_count"}`` (``skipped`` too for ``file_roots``), each root's real path (``real``),
-    and a challenge for the ``apply_roots`` order that may follow.
+    "skipped_count", "real"}`` (and ``skipped`` for ``file_roots``), and a challenge.
 
     kinds
         Which roots: a list of ``file_roots``/``pillar_roots``.
@@ -367,10 +366,9 @@ def roots_manifest(
         The runner's nonce (64 hex characters) the sealed manifests are bound to.
 
     unless, dirs
-        The primary's digests (``{kind: {env: [digest, ...]}}``) and per-directory digests
-        (``{kind: {env: [{dir: digest}, ...]}}``): with ``full``, a kind whose digests equal
-        ``unless`` is left out, and each manifest holds only the directories that differ
-        (``dirs`` too large to publish: ``{"staged": {master id: descriptor}}``, pulled).
+        The primary's digests and per-directory digests: with ``full``, a kind equal to
+        ``unless`` is left out and each manifest holds only the directories that differ
+        (``dirs`` too large to publish comes as ``{"staged": {master id: descriptor}}``).
 
     CLI Example:
 
