@@ -22,13 +22,13 @@ import sys
 try:
     import multimaster_clustersync
     import multimaster_control
+    import multimaster_jobcache
     import multimaster_keysync
     import multimaster_masterkey
     import multimaster_reactions
     import multimaster_rootsync
     import multimaster_settle
     import multimaster_status
-    import multimaster_transport
 
     HAS_UTILS = True
 except ImportError:
@@ -50,13 +50,13 @@ def __virtual__():
 def _run():
     """
     This call's ``Run``: this master's opts, the runner's context and its progress events. The
-    runner job's load is stored first (``multimaster_transport.record_runner_load``): Salt would
+    runner job's load is stored first (``multimaster_jobcache.record_runner_load``): Salt would
     glob every accepted key to store it.
     """
     # The caller is the public function Salt runs as this job.
     fun = f"runner.{__virtualname__}.{sys._getframe(1).f_code.co_name}"
     jid, user = globals().get("__jid__"), globals().get("__user__")
-    multimaster_transport.record_runner_load(__opts__, jid, fun, __opts__.get("id"), user)
+    multimaster_jobcache.record_runner_load(__opts__, jid, fun, __opts__.get("id"), user)
     return multimaster_control.Run(__opts__, __context__, globals().get("__jid_event__"))
 
 

@@ -20,11 +20,9 @@ import contextvars
 import fcntl
 import hashlib
 import json
-import logging
 import os
 import queue
 import re
-import shutil
 import threading
 import time
 from contextlib import contextmanager
@@ -32,16 +30,10 @@ from contextlib import contextmanager
 import multimaster_jobcache
 import multimaster_safefs
 import salt.channel.client
-import salt.loader
-import salt.payload
-import salt.utils.files
-import salt.utils.jid
 import salt.utils.json
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from salt.exceptions import CommandExecutionError, SaltDeserializationError, SaltReqTimeoutError
-
-log = logging.getLogger(__name__)
+from salt.exceptions import CommandExecutionError, SaltReqTimeoutError
 
 # The runner function a recipient calls on the sending master (``peer_run`` allows only it).
 PULL = "multimaster_transfer.pull"
@@ -122,7 +114,7 @@ def _prune(opts, directory, spent_only=False):
             meta = _read_meta(os.path.join(directory, name))
             spent = meta is not None and meta.get("spent")
             if spent or (not spent_only and (meta is None or meta.get("expires", 0) <= now)):
-                forget_jobs(opts, (meta or {}).get("jids", []))
+                multimaster_jobcache.forget_jobs(opts, (meta or {}).get("jids", []))
                 _remove(*_paths(opts, name[: -len(".meta")]))
     if not spent_only:
         owned = {name[: -len(".meta")] for name in names if name.endswith(".meta")}
@@ -345,44 +337,11 @@ def _chunk(meta, data_path, offset, size):
     return _read_members(members, starts, offset, min(size, meta["size"] - offset))
 
 
-def forget_jobs(opts, jids):
-    """
-    Remove the given runner jobs from the master's job cache, its own ``local_cache`` or the
-    database all masters share (``multimaster:job_cache``): the pull jobs that carried chunks
-    are transport, not history. Another job cache keeps them until ``keep_jobs``.
-
-    opts
-        The sending master's opts.
-
-    jids
-        The job ids of earlier pulls of one transfer.
-    """
-    jids = [jid for jid in jids if salt.utils.jid.is_jid(str(jid))]
-    if not jids or not opts.get("job_cache", True):
-        return
-    shared = multimaster_jobcache.connection(opts)
-    if shared is not None:
-        try:
-            multimaster_jobcache.forget_jobs(shared, jids)
-        except multimaster_jobcache.JobCacheError as exc:
-            # The chunks are ciphertext: left in the database, they go with keep_jobs.
-            log.warning("multimaster: pull jobs stay in the job cache: %s", exc)
-        return
-    if opts.get("master_job_cache", "local_cache") != "local_cache":
-        return
-    jobs = os.path.join(opts["cachedir"], "jobs")
-    for jid in jids:
-        shutil.rmtree(
-            salt.utils.jid.jid_dir(jid, jobs, opts.get("hash_type", "sha256")),
-            ignore_errors=True,
-        )
-
-
 def record_pull(opts, requester, jid):
     """
     Store the load of this pull's runner job now, naming its one minion, the requester
-    (``record_runner_load``). The load carries no chunk (the chunk goes to the job's return,
-    which the transport forgets).
+    (``multimaster_jobcache.record_runner_load``). The load carries no chunk (the chunk goes to
+    the job's return, which the transport forgets).
 
     opts
         The sending master's opts.
@@ -393,65 +352,8 @@ def record_pull(opts, requester, jid):
     jid
         The job id of this pull.
     """
-    record_runner_load(opts, jid, "runner." + PULL, requester, user=requester)
-
-
-def record_runner_load(opts, jid, fun, minion, user=None):
-    """
-    Store the load of runner job ``jid`` in the master's ``local_cache`` before the job returns,
-    naming its one minion. Salt stores a runner job's load when it ends, only when none is
-    stored yet, and then computes its minions by globbing ``minion`` over every accepted key:
-    O(keys) for every runner job, about 0.9 s at 10,000 keys and 28 s at 100,000 (Salt 3008's
-    ``localfs_key`` checks each key's path).
-
-    opts
-        The master's opts.
-
-    jid
-        The runner job's id (``__jid__``); nothing is stored without one.
-
-    fun
-        What the job runs, as Salt names it (``runner.multimaster.sync_keys``).
-
-    minion
-        The id the job targets: the runner's own (``opts["id"]``), or a pull's requester.
-
-    user
-        Who runs it (``__user__``).
-    """
-    if not (jid and salt.utils.jid.is_jid(str(jid)) and opts.get("job_cache", True)):
-        return
-    if not (minion and opts.get("runner_returns", True)):
-        return
-    if opts.get("ext_job_cache") or opts.get("master_job_cache", "local_cache") != "local_cache":
-        return
-    if _running_function(opts, jid) != fun:
-        # Salt sets a runner's __jid__ in the module's globals, which the reactor's threads
-        # share: a jid another job set meanwhile is left alone (Salt stores ours, slowly).
-        return
-    load = {"jid": jid, "id": minion, "tgt": minion, "tgt_type": "glob", "fun": fun}
-    load["user"] = user or "UNKNOWN"
-    try:
-        returners = salt.loader.returners(opts, {})
-        # The jid file first: Salt's clean_old_jobs scrubs a job directory without one as
-        # corrupt, even while its job runs, and the job's answer is then lost.
-        returners["local_cache.prep_jid"](passed_jid=jid)
-        returners["local_cache.save_load"](jid, load, minions=[minion])
-    except Exception as exc:  # pylint: disable=broad-except
-        # Only a shortcut: without it Salt stores the load itself, the slow way.
-        log.debug("multimaster: could not record runner job %s: %s", jid, exc)
-
-
-def _running_function(opts, jid):
-    """
-    What runner job ``jid`` runs, from the job tracker file Salt writes before it calls the
-    function (``<cachedir>/proc/<jid>``); None when there is none.
-    """
-    try:
-        with salt.utils.files.fopen(os.path.join(opts["cachedir"], "proc", str(jid)), "rb") as fp_:
-            return salt.payload.load(fp_).get("fun")
-    except (OSError, ValueError, AttributeError, SaltDeserializationError):
-        return None
+    fun = "runner." + PULL
+    multimaster_jobcache.record_runner_load(opts, jid, fun, requester, user=requester)
 
 
 def serve(opts, requester, ticket, offset, jid=None, raw=False):
@@ -494,7 +396,7 @@ def serve(opts, requester, ticket, offset, jid=None, raw=False):
         error = _ticket_error(meta, requester, offset, raw, data_path, meta_path)
         if error:
             return error
-        forget_jobs(opts, meta.get("jids", []))
+        multimaster_jobcache.forget_jobs(opts, meta.get("jids", []))
         if offset == meta["size"]:
             _remove(data_path, meta_path)
             return {"done": True, "offset": offset, "size": meta["size"]}

@@ -12,7 +12,6 @@ import pathlib
 import stat
 
 import multimaster_jobcache
-import multimaster_transport
 import pytest
 import salt.config
 import salt.loader
@@ -224,7 +223,7 @@ def test_the_transports_pull_jobs_leave_the_shared_database(database, master_opt
             f" ('runner.multimaster_transfer.pull', '{jid}', '{{}}', 'm', 'true', '{{}}')",
             db="salt",
         )
-    multimaster_transport.forget_jobs(opts, jids[:2])
+    multimaster_jobcache.forget_jobs(opts, jids[:2])
     left = database.sql(
         "SELECT jid FROM jids WHERE jid LIKE '2026112501%'"
         " UNION ALL SELECT jid FROM salt_returns WHERE jid LIKE '2026112501%'",

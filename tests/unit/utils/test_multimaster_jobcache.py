@@ -4,12 +4,15 @@ options, and a health check that never shows the password.
 """
 
 import json
+import os
 import socket
 
 import multimaster_jobcache as jobcache
 import multimaster_pillarcheck
 import multimaster_settings
 import pytest
+
+from tests.support.jobs import running
 
 PASSWORD = "pw-marker-7c41d9"
 SECTION = {
@@ -165,3 +168,51 @@ def test_python_deps_follow_how_salt_is_installed(defaults, install, methods):
 def test_no_python_deps_without_gitfs_or_job_cache(defaults):
     settings = multimaster_settings.build({"masters": SECTION["masters"]}, defaults)
     assert multimaster_settings.python_deps(settings, "onedir") == []
+
+
+def test_a_recorded_runner_job_is_stored_without_listing_every_key(tmp_path, monkeypatch):
+    # Every runner job of the formula (sync_keys ...) records its load as it starts: Salt then
+    # stores the job's return without globbing the master's id over the accepted keys (28 s
+    # per job at 100,000 keys), and jobs.list_jobs still names the function and the user.
+    import salt.config
+    import salt.loader
+    import salt.utils.job
+    import salt.utils.minions
+
+    opts = salt.config.master_config(os.devnull)
+    opts.update(id="m1_master", cachedir=str(tmp_path / "cache"), pki_dir=str(tmp_path / "pki"))
+    listed = []
+    monkeypatch.setattr(
+        salt.utils.minions.CkMinions, "check_minions", lambda self, *a, **k: listed.append(a)
+    )
+    jid, fun = "20261127000000000001", "runner.multimaster.sync_keys"
+    running(opts, jid, fun)
+    jobcache.record_runner_load(opts, jid, fun, opts["id"], user="root")
+    ret = {"jid": jid, "fun": fun, "return": {"comment": "All masters already hold the same keys"}}
+    salt.utils.job.store_job(
+        opts, {"id": "m1_master", "tgt": "m1_master", "jid": jid, "return": ret}
+    )
+    loader = salt.loader.returners(opts, {})
+    load = loader["local_cache.get_load"](jid)
+    assert listed == []
+    assert (load["fun"], load["user"], load["Minions"]) == (fun, "root", ["m1_master"])
+    assert "already hold" in repr(loader["local_cache.get_jid"](jid)["m1_master"])
+
+
+def test_no_runner_job_is_recorded_where_salt_would_store_none(tmp_path):
+    import salt.config
+    import salt.loader
+
+    opts = salt.config.master_config(os.devnull)
+    opts.update(cachedir=str(tmp_path / "cache"), pki_dir=str(tmp_path / "pki"))
+    jid = "20261127000000000002"
+    running(opts, jid, "runner.x.y")
+    jobcache.record_runner_load(dict(opts, runner_returns=False), jid, "runner.x.y", "m1")
+    jobcache.record_runner_load(opts, None, "runner.x.y", "m1")
+    jobcache.record_runner_load(
+        dict(opts, master_job_cache="multimaster_pgjsonb"), jid, "runner.x.y", "m1"
+    )
+    # Salt runs another function under this jid: the reactor's threads share a module's
+    # globals, so __jid__ may be another job's by the time the function reads it.
+    jobcache.record_runner_load(opts, jid, "runner.x.z", "m1")
+    assert salt.loader.returners(opts, {})["local_cache.get_load"](jid) == {}

@@ -13,6 +13,8 @@ import multimaster_settings
 import multimaster_transport as transport
 import pytest
 
+from tests.support.jobs import running
+
 
 @pytest.fixture
 def sender(tmp_path):
@@ -319,18 +321,6 @@ def test_a_transfer_not_pulled_to_its_end_keeps_its_ticket(sender, small_chunks)
     assert transport.serve(sender, "cm2", descriptor["ticket"], 1000)["done"] is True
 
 
-def running(opts, jid, fun):
-    """
-    The job tracker file Salt's runner client writes before it calls a runner function.
-    """
-    import salt.payload
-
-    proc = os.path.join(opts["cachedir"], "proc")
-    os.makedirs(proc, exist_ok=True)
-    with open(os.path.join(proc, jid), "wb") as handle:
-        handle.write(salt.payload.dumps({"fun": fun, "jid": jid, "user": "root", "pid": 1}))
-
-
 def test_a_recorded_pull_is_stored_without_listing_every_key(tmp_path, monkeypatch):
     # Salt's own job store, on a real local_cache: with the pull's load recorded first it does not
     # glob the requester's id over the accepted keys (O(keys) per pull), and the stored load
@@ -368,54 +358,6 @@ def test_a_recorded_pull_is_stored_without_listing_every_key(tmp_path, monkeypat
     assert listed == []
     assert load["Minions"] == ["cm2"] and "CHUNK" not in repr(load)
     assert "CHUNK" in repr(returns["cm2"])  # the return is kept, for the transport to forget
-
-
-def test_a_recorded_runner_job_is_stored_without_listing_every_key(tmp_path, monkeypatch):
-    # Every runner job of the formula (sync_keys ...) records its load as it starts: Salt then
-    # stores the job's return without globbing the master's id over the accepted keys (28 s
-    # per job at 100,000 keys), and jobs.list_jobs still names the function and the user.
-    import salt.config
-    import salt.loader
-    import salt.utils.job
-    import salt.utils.minions
-
-    opts = salt.config.master_config(os.devnull)
-    opts.update(id="m1_master", cachedir=str(tmp_path / "cache"), pki_dir=str(tmp_path / "pki"))
-    listed = []
-    monkeypatch.setattr(
-        salt.utils.minions.CkMinions, "check_minions", lambda self, *a, **k: listed.append(a)
-    )
-    jid, fun = "20261127000000000001", "runner.multimaster.sync_keys"
-    running(opts, jid, fun)
-    transport.record_runner_load(opts, jid, fun, opts["id"], user="root")
-    ret = {"jid": jid, "fun": fun, "return": {"comment": "All masters already hold the same keys"}}
-    salt.utils.job.store_job(
-        opts, {"id": "m1_master", "tgt": "m1_master", "jid": jid, "return": ret}
-    )
-    loader = salt.loader.returners(opts, {})
-    load = loader["local_cache.get_load"](jid)
-    assert listed == []
-    assert (load["fun"], load["user"], load["Minions"]) == (fun, "root", ["m1_master"])
-    assert "already hold" in repr(loader["local_cache.get_jid"](jid)["m1_master"])
-
-
-def test_no_runner_job_is_recorded_where_salt_would_store_none(tmp_path):
-    import salt.config
-    import salt.loader
-
-    opts = salt.config.master_config(os.devnull)
-    opts.update(cachedir=str(tmp_path / "cache"), pki_dir=str(tmp_path / "pki"))
-    jid = "20261127000000000002"
-    running(opts, jid, "runner.x.y")
-    transport.record_runner_load(dict(opts, runner_returns=False), jid, "runner.x.y", "m1")
-    transport.record_runner_load(opts, None, "runner.x.y", "m1")
-    transport.record_runner_load(
-        dict(opts, master_job_cache="multimaster_pgjsonb"), jid, "runner.x.y", "m1"
-    )
-    # Salt runs another function under this jid: the reactor's threads share a module's
-    # globals, so __jid__ may be another job's by the time the function reads it.
-    transport.record_runner_load(opts, jid, "runner.x.z", "m1")
-    assert salt.loader.returners(opts, {})["local_cache.get_load"](jid) == {}
 
 
 def test_a_recorded_pull_job_is_not_scrubbed_by_salt_s_job_cleaner(tmp_path):
