@@ -1408,3 +1408,80 @@ def test_wait_master_stopped_waits_until_both_ports_are_closed(runner, monkeypat
     monkeypatch.setattr(multimaster_daemon, "port_open", lambda *a: next(probes))
     ret = runner.wait_master_stopped("10.9.9.9", timeout=30, interval=0)
     assert ret["retcode"] == 0 and ret["comment"] == "10.9.9.9 no longer listens", ret
+
+
+def stop_answers(monkeypatch, returns, listening):
+    """
+    The removed master's control minion answers ``returns`` (``{}``: silent); ``listening``
+    are the ports its host still accepts connections on. Returns the publishes made.
+    """
+    published = []
+
+    def cmd_returns(client, minions, fun, kwarg=None, timeout=None):
+        published.append((minions, fun, kwarg, timeout))
+        return returns
+
+    monkeypatch.setattr(multimaster_returns, "cmd_returns", cmd_returns)
+    monkeypatch.setattr(
+        salt.client, "get_local_client", lambda *a, **k: contextlib.nullcontext(object())
+    )
+    monkeypatch.setattr(multimaster_daemon, "port_open", lambda host, port: port in listening)
+    return published
+
+
+def test_a_removed_master_s_control_minion_stops_it(runner, monkeypatch):
+    answer = {"scheduled": True, "config_dir": "/etc/salt"}
+    published = stop_answers(monkeypatch, {"cm4": {"ret": answer, "retcode": 0}}, {4505, 4506})
+    ret = runner.stop_removed_master("cm4", "10.0.0.4", after_return=True)
+    assert ret["retcode"] == 0 and ret["answer"] == answer, ret
+    ((minions, fun, kwarg, timeout),) = published
+    assert (minions, fun, timeout) == (["cm4"], "multimaster.stop_master", 15.0)
+    assert kwarg == {"config_dir": None, "after_return": True}
+
+
+def test_a_removed_master_whose_host_is_down_is_gone_on_without(runner, monkeypatch):
+    """
+    The host is dead: its control minion does not answer and neither port takes a connection.
+    The removal goes on, and says the host was not stopped but found down.
+    """
+    stop_answers(monkeypatch, {}, set())
+    ret = runner.stop_removed_master("cm4", "10.0.0.4", after_return=True, timeout=2)
+    assert ret["retcode"] == 0 and ret["unreachable"] is True, ret
+    assert "cm4 did not answer within 2s and 10.0.0.4 listens on neither port" in ret["comment"]
+    assert "taken as down" in ret["comment"]
+
+
+def test_a_removed_master_still_listening_without_its_control_minion_fails(runner, monkeypatch):
+    # A silent control minion is not a dead host: the master may still talk to the set.
+    stop_answers(monkeypatch, {}, {4506})
+    ret = runner.stop_removed_master("cm4", "10.0.0.4")
+    assert ret["retcode"] == 1, ret
+    assert "10.0.0.4 still listens on 10.0.0.4:4506" in ret["comment"], ret
+    assert "stop that salt-master by hand" in ret["comment"]
+
+
+def test_a_stop_that_failed_on_the_control_minion_fails_without_its_traceback(runner, monkeypatch):
+    said = "Traceback (most recent call last):\n  File ...\nKeyError: 'pidfile'"
+    stop_answers(monkeypatch, {"cm4": {"ret": said, "retcode": 1}}, set())
+    ret = runner.stop_removed_master("cm4", "10.0.0.4")
+    assert ret["retcode"] == 1 and "Traceback" not in ret["comment"], ret
+    assert "stop_master failed on cm4" in ret["comment"] and "minion log" in ret["comment"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        ({"minion": "cm*"}, "minion: 'cm*' is not a valid id"),
+        ({"host": "a b"}, "host='a b': expected the address"),
+        ({"config_dir": "etc/salt"}, "config_dir='etc/salt': expected the absolute path"),
+        ({"timeout": "soon"}, "timeout='soon': expected seconds"),
+        ({"timeout": 0}, "timeout=0: expected seconds"),
+    ],
+)
+def test_stop_removed_master_refuses_bad_input_and_publishes_nothing(
+    runner, monkeypatch, kwargs, named
+):
+    published = stop_answers(monkeypatch, {}, set())
+    ret = runner.stop_removed_master(**{"minion": "cm4", "host": "10.0.0.4", **kwargs})
+    assert ret["retcode"] == 1 and published == [], ret
+    assert ret["comment"].startswith("Refused, nothing changed: ") and named in ret["comment"]
