@@ -238,37 +238,6 @@ def wait_master_stopped(host, timeout=90, interval=1):
     return multimaster_settle.wait_master_stopped(_run(), host, timeout=timeout, interval=interval)
 
 
-def stop_removed_master(minion, host, config_dir=None, after_return=False, timeout=15):
-    """
-    Have ``minion``, the control minion of a master that has left ``multimaster:masters``, stop
-    that master (``multimaster.stop_master``). When it does not answer within ``timeout`` and
-    ``host`` accepts no connection on the set's publish and return ports, the host is taken as
-    down: a success that says so, so that ``multimaster.orch.remove_master`` goes on without a
-    dead master. A host that still listens is a failure, and nothing is forgotten.
-
-    minion
-        The removed master's control minion.
-
-    host
-        The removed master's address (in mode cluster its id).
-
-    config_dir, after_return
-        Passed to ``multimaster.stop_master``.
-
-    timeout
-        Seconds the control minion has to answer.
-
-    CLI Example:
-
-    .. code-block:: bash
-
-        salt-run multimaster.stop_removed_master master4 10.0.3.64 after_return=True
-    """
-    return multimaster_settle.stop_removed_master(
-        _run(), minion, host, config_dir=config_dir, after_return=after_return, timeout=timeout
-    )
-
-
 def wait_minions(tgt="*", timeout=180, interval=2):
     """
     Wait until every minion whose key this master has accepted and that ``tgt`` matches

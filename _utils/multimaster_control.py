@@ -226,7 +226,7 @@ def _answer(run, ret, fun, master_id, minion_id, nonce, check):
         ret, fun, master_id, minion_id, nonce, control_key(run, master_id, minion_id)
     )
     if failed:
-        raise multimaster_returns.AnswerRefused(peer_error(fun, minion_id, str(answer)))
+        raise multimaster_returns.AnswerRefused(_peer_error(fun, minion_id, str(answer)))
     if not isinstance(answer, dict):
         raise multimaster_returns.AnswerRefused(
             f"{fun} on {minion_id}: malformed return ({type(answer)})"
@@ -265,7 +265,7 @@ def control_key(run, master_id, minion_id):
     return pem
 
 
-def peer_error(fun, minion_id, text):
+def _peer_error(fun, minion_id, text):
     """
     A control minion's refusal as it said it; a Python traceback instead becomes a sentence
     saying where to read it.

@@ -1,18 +1,14 @@
 """
 The waits an orchestration runs between its steps: every master up with no restart pending
-(``wait_masters``), a removed master stopped, or its host found down (``stop_removed_master``),
-and no longer listening (``wait_master_stopped``), every accepted minion answering
-(``wait_minions``).
+(``wait_masters``), a removed master no longer listening (``wait_master_stopped``), every
+accepted minion answering (``wait_minions``).
 """
 
-import os
 import time
 
 import multimaster_clustersync
 import multimaster_control
 import multimaster_daemon
-import multimaster_ids
-import multimaster_returns
 import salt.client
 import salt.utils.minions
 from salt.exceptions import SaltInvocationError
@@ -65,89 +61,6 @@ def _checked_host(host):
     return host
 
 
-# How long a removed master's control minion has to answer the stop: it only schedules it.
-STOP_ANSWER_TIMEOUT = 15
-
-
-def _checked_seconds(value, name):
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = None
-    if seconds is None or not 1 <= seconds <= 3600:
-        raise multimaster_control.Refused(f"{name}={value!r}: expected seconds, 1 to 3600")
-    return seconds
-
-
-def _checked_config_dir(config_dir):
-    if config_dir is not None and not (isinstance(config_dir, str) and os.path.isabs(config_dir)):
-        raise multimaster_control.Refused(
-            f"config_dir={config_dir!r}: expected the absolute path of the removed master's "
-            "config dir on its host, or nothing for its control minion's own"
-        )
-
-
-def stop_removed_master(
-    run, minion, host, config_dir=None, after_return=False, timeout=STOP_ANSWER_TIMEOUT
-):
-    """
-    The runner's ``stop_removed_master``: ``minion`` (the removed master's control minion)
-    stops its master; when it does not answer and ``host`` listens on neither of the set's
-    ports, the host is taken as down, which is a success that says so. Returns the report.
-    """
-    try:
-        found = multimaster_control.section(run)
-        _checked_host(host)
-        multimaster_ids.check_id(minion, "minion")
-        _checked_config_dir(config_dir)
-        timeout = _checked_seconds(timeout, "timeout")
-    except SaltInvocationError as exc:
-        return multimaster_control.refused(run, exc)
-    kwarg = {"config_dir": config_dir, "after_return": bool(after_return)}
-    with salt.client.get_local_client(run.opts["conf_file"]) as client:
-        returns = multimaster_returns.cmd_returns(
-            client, [minion], "multimaster.stop_master", kwarg=kwarg, timeout=timeout
-        )
-    answer = returns.get(minion)
-    if answer is not None:
-        return _stop_answered(run, minion, answer)
-    listening = _listening(host, found["ports"])
-    if listening:
-        ret = {
-            "comment": f"control minion {minion} did not answer within {timeout:g}s and {host} "
-            f"still listens on {', '.join(listening)}: bring {minion} back or stop that "
-            "salt-master by hand, then run this again"
-        }
-        return multimaster_control.finish(run, ret, True)
-    ret = {
-        "comment": f"control minion {minion} did not answer within {timeout:g}s and {host} "
-        "listens on neither port: its host is taken as down, not stopped. Before that host "
-        "comes back, delete its master keys and cluster_pki_dir: it still holds them",
-        "unreachable": True,
-    }
-    return multimaster_control.finish(run, ret, False)
-
-
-def _stop_answered(run, minion, answer):
-    """
-    The report of a stop ``minion`` answered: a failure in its words, or what it stopped.
-    """
-    if answer.get("retcode") or not isinstance(answer.get("ret"), dict):
-        said = multimaster_control.peer_error("stop_master", minion, str(answer.get("ret")))
-        ret = {"comment": f"multimaster.stop_master failed on {minion}: {said}"}
-        return multimaster_control.finish(run, ret, True)
-    ret = {"comment": f"{minion} stops its master", "answer": answer["ret"]}
-    return multimaster_control.finish(run, ret, False)
-
-
-def _listening(host, ports):
-    """
-    ``host:port`` of the set's publish and return ports that accept a connection.
-    """
-    wanted = (ports["publish"], ports["ret"])
-    return [f"{host}:{p}" for p in wanted if multimaster_daemon.port_open(host, p)]
-
-
 def wait_master_stopped(run, host, timeout=90, interval=1):
     """
     The runner's ``wait_master_stopped``: poll until ``host`` no longer listens on the set's
@@ -158,9 +71,10 @@ def wait_master_stopped(run, host, timeout=90, interval=1):
         _checked_host(host)
     except SaltInvocationError as exc:
         return multimaster_control.refused(run, exc)
+    ports = {name: found["ports"][name] for name in ("publish", "ret")}
     start = time.monotonic()
     while True:
-        listening = _listening(host, found["ports"])
+        listening = [f"{host}:{p}" for p in ports.values() if multimaster_daemon.port_open(host, p)]
         waited = round(time.monotonic() - start, 1)
         if not listening:
             ret = {"comment": f"{host} no longer listens", "waited": waited}

@@ -9,8 +9,7 @@
 
     Mode cluster (minions know only the balancer): multimaster.haproxy on the balancer's minion
     (multimaster_balancer_minion) drains it, its control minion stops it (always: a removed peer
-    left running keeps talking to the cluster; a host that is down, its control minion silent
-    and its ports closed, is gone on without), every remaining master deletes its
+    left running keeps talking to the cluster), every remaining master deletes its
     peers/<address>.pub, then multimaster.master restarts them without it (and with the new
     multimaster:cluster:secret: multimaster_rotate_secret: true refuses to go on while pillar
     still holds the secret the removed master knows). multimaster_remove is its cluster address. #}
@@ -91,16 +90,15 @@ multimaster-orch-remove-master-peer-checked:
       - salt: multimaster-orch-remove-master-pillar-refreshed
 
 {#- A cluster master's control minion talks to that master only: it could not return after
-    stopping it, so the stop comes once its job has returned, and a runner confirms it. A
-    control minion that does not answer while its master's ports are closed: the host is down,
-    and the removal goes on without it. #}
+    stopping it, so the stop comes once its job has returned, and a runner confirms it. #}
 multimaster-orch-remove-master-stopped:
-  salt.runner:
-    - name: multimaster.stop_removed_master
-    - minion: {{ gone_minion | json }}
-    - host: {{ gone | json }}
-    - config_dir: {{ pillar.get("multimaster_remove_config_dir") | json }}
-    - after_return: true
+  salt.function:
+    - name: multimaster.stop_master
+    - tgt: [{{ gone_minion | json }}]
+    - tgt_type: list
+    - kwarg:
+        config_dir: {{ pillar.get("multimaster_remove_config_dir") | json }}
+        after_return: true
     - failhard: true
     - require:
       - salt: multimaster-orch-remove-master-peer-checked
