@@ -262,7 +262,8 @@ def _this_master():
 def restart_master(service="salt-master", delay=0):
     """
     Restart this host's salt-master (the master whose control minion this is, its config dir
-    and pidfile from the pillar ``multimaster:masters``) once the current job has returned, the
+    and pidfile from the pillar ``multimaster:masters``) once the current job has returned and no
+    other minion still runs it (at most 120 s: their returns come to this master too), the
     way it runs: a systemd unit, or ``salt-master -c <config dir> -d``. Does nothing (and says
     so) where it is not running.
 
@@ -279,6 +280,8 @@ def restart_master(service="salt-master", delay=0):
         salt master2 multimaster.restart_master
     """
     master = _this_master()
+    # The job's other minions (the other masters of `salt 'master*' state.apply ...`) return here.
+    drain = multimaster_daemon.job_to_drain(__opts__, os.getpid(), master["config_dir"])
     return multimaster_daemon.schedule_restart(
         master["pidfile"],
         service,
@@ -286,6 +289,7 @@ def restart_master(service="salt-master", delay=0):
         master["config_dir"],
         wait_pid=os.getpid(),
         delay=float(delay),
+        drain=drain,
     )
 
 

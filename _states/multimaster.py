@@ -82,8 +82,8 @@ def master_restarted(name, service="salt-master", delay=0):
     """
     Restart this host's salt-master (the master whose control minion runs the state; its config
     dir and pidfile come from the pillar ``multimaster:masters``) once the current job has
-    returned: as a systemd unit where it is one, else ``salt-master -c <config dir> -d``. A
-    master that is not running is left alone.
+    returned and no other minion still runs it (at most 120 s): as a systemd unit where it is
+    one, else ``salt-master -c <config dir> -d``. A master that is not running is left alone.
 
     name
         Anything; shown in the state output.

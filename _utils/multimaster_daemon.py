@@ -29,6 +29,7 @@ import psutil
 import salt._logging
 import salt.syspaths
 import salt.utils.files
+import salt.utils.minion
 from salt.exceptions import CommandExecutionError
 
 log = logging.getLogger(__name__)
@@ -344,14 +345,95 @@ def start_now(stopped, daemon, config_dir):
 # master's event bus and on to whoever waits for it (an orchestration run on that very master).
 # Seen lost on a loaded machine, where 0.2 s separated the return event from the SIGTERM.
 MASTER_RETURN_GRACE = 3.0
+# The other minions of the job that reconfigured a master return to it too: ``salt 'master*'
+# state.apply multimaster.master`` run on master1 restarts master1 when its own minion is done,
+# and master2's return, still to come, would be lost. The watcher waits for them this long at most.
+DRAIN_TIMEOUT = 120.0
+FIND_JOB_TIMEOUT = 5
+# A longer target is handed to the watcher as "*" (its spec is one argv string, at most 128 KiB).
+DRAIN_TARGET_MAX = 8192
+
+
+def job_to_drain(opts, pid, config_dir):
+    """
+    The published job that process ``pid`` of this minion runs, as the watcher of a master
+    restart waits for it (``{"jid", "tgt", "tgt_type", "config_dir", "timeout"}``, ``config_dir``
+    the master's), or None when ``pid`` runs no published job (``salt-call``).
+
+    opts
+        The minion's opts (its proc dir holds one file per running job).
+
+    pid
+        The job's process (``os.getpid()`` in an execution module).
+
+    config_dir
+        The config dir of the master to restart.
+    """
+    for job in salt.utils.minion.running(opts):
+        if job.get("pid") != pid or not job.get("jid") or not job.get("tgt"):
+            continue
+        tgt, tgt_type = job["tgt"], job.get("tgt_type") or "glob"
+        if len(json.dumps(tgt)) > DRAIN_TARGET_MAX:
+            tgt, tgt_type = "*", "glob"
+        drain = {"jid": str(job["jid"]), "tgt": tgt, "tgt_type": tgt_type}
+        return dict(drain, config_dir=config_dir, timeout=DRAIN_TIMEOUT)
+    return None
+
+
+def _local_client(config_dir):
+    import salt.client  # pylint: disable=import-outside-toplevel
+
+    return salt.client.LocalClient(c_path=os.path.join(config_dir, "master"))
+
+
+def drain_job(drain, client=None):
+    """
+    Wait, at most ``drain["timeout"]`` seconds, until no minion reached through this master still
+    runs job ``drain["jid"]`` (asked with ``saltutil.find_job``, as the ``salt`` CLI asks). Returns
+    the minions still running it at the deadline, or None when the master could not be asked
+    (the restart then goes ahead: it is never held for good).
+
+    drain
+        What ``job_to_drain`` returned.
+
+    client
+        A ``LocalClient`` of the master (default: one built from ``drain["config_dir"]``).
+    """
+    deadline = time.monotonic() + float(drain["timeout"])
+    tgt, tgt_type, own = drain["tgt"], drain["tgt_type"], client is None
+    try:
+        client = client or _local_client(drain["config_dir"])
+        while True:
+            ask = {"tgt_type": tgt_type, "timeout": FIND_JOB_TIMEOUT}
+            answers = client.cmd(tgt, "saltutil.find_job", [drain["jid"]], **ask)
+            running = sorted(m for m, job in (answers or {}).items() if job)
+            if not running or time.monotonic() >= deadline:
+                return running
+            tgt, tgt_type = running, "list"
+            time.sleep(1)
+    except Exception as exc:  # pylint: disable=broad-except
+        log.warning("multimaster: restarting without waiting for job %s: %s", drain["jid"], exc)
+        return None
+    finally:
+        if own and client is not None:
+            client.destroy()
 
 
 def schedule_restart(
-    pidfile, service, daemon, config_dir, wait_pid=None, delay=0.0, wait_timeout=600, stop=False
+    pidfile,
+    service,
+    daemon,
+    config_dir,
+    wait_pid=None,
+    delay=0.0,
+    wait_timeout=600,
+    stop=False,
+    drain=None,
 ):
     """
     Restart the ``daemon`` of ``config_dir`` recorded in ``pidfile`` from a detached watcher once
-    ``wait_pid`` has ended (or ``wait_timeout`` seconds passed), ``delay`` seconds later (for a
+    ``wait_pid`` has ended (or ``wait_timeout`` seconds passed) and no minion runs the job
+    ``drain`` (``job_to_drain``; ``drain_job``) any more, ``delay`` seconds later (for a
     salt-master at least ``MASTER_RETURN_GRACE``, so that the job's return reaches its bus).
     ``stop``: stop it and start nothing (a minion whose only master this is can still return).
 
@@ -382,6 +464,7 @@ def schedule_restart(
         "service": unit,
         "command": command,
         "stop": stop,
+        "drain": drain,
     }
     _spawn([sys.executable, os.path.abspath(__file__), json.dumps(spec)])
     if stop:
@@ -475,6 +558,8 @@ def main(argv):
     spec = json.loads(argv[0])
     if spec["wait_pid"]:
         wait_for(lambda: not _pid_alive(spec["wait_pid"]), spec["wait_timeout"])
+    if spec.get("drain"):
+        drain_job(spec["drain"])
     time.sleep(spec["delay"])
     if spec["service"]:
         action = "stop" if spec.get("stop") else "restart"

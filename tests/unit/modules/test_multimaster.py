@@ -326,6 +326,7 @@ def test_restart_master_not_running(mod, tmp_path, defaults):
     # The pidfile comes from this master's own config (the pillar entry), not an argument.
     (tmp_path / "master.pid").write_text("not a pid\n")
     mod.__context__["multimaster.defaults"] = defaults
+    mod.__opts__["cachedir"] = str(tmp_path / "cache")
     ret = mod.restart_master()
     assert ret["scheduled"] is False and str(tmp_path / "master.pid") in ret["reason"]
 

@@ -593,3 +593,97 @@ def test_a_scheduled_stop_waits_for_the_job_stops_and_starts_nothing(
     assert not os.path.exists(pidfile)
     time.sleep(0.5)
     assert not out.exists(), "a stop started the daemon again"
+
+
+# --- draining the job that reconfigured a master ----------------------------------------------
+
+
+class _FindJob:
+    """
+    A master's ``LocalClient`` stand-in: ``saltutil.find_job`` answers from ``rounds`` in turn
+    (each ``{minion: job or {}}``), the last one for ever; records the targets it was asked.
+    """
+
+    def __init__(self, *rounds):
+        self.rounds, self.asked = list(rounds), []
+
+    def cmd(self, tgt, fun, arg, tgt_type="glob", timeout=None):
+        assert fun == "saltutil.find_job"
+        self.asked.append((tgt, tgt_type, arg))
+        return self.rounds.pop(0) if len(self.rounds) > 1 else self.rounds[0]
+
+
+def _drain(**kwargs):
+    drain = {"jid": "20261128000000000001", "tgt": "master*", "tgt_type": "glob"}
+    return {**drain, "config_dir": "/etc/salt", "timeout": 30, **kwargs}
+
+
+def test_the_job_to_drain_is_the_one_this_process_runs(monkeypatch):
+    jobs = [
+        {"pid": 1, "jid": "20261128000000000002", "tgt": "other", "tgt_type": "glob"},
+        {"pid": 2, "jid": "20261128000000000001", "tgt": ["m1", "m2"], "tgt_type": "list"},
+    ]
+    monkeypatch.setattr(multimaster_daemon.salt.utils.minion, "running", lambda opts: jobs)
+    drain = multimaster_daemon.job_to_drain({}, 2, "/etc/salt")
+    assert drain == {
+        "jid": "20261128000000000001",
+        "tgt": ["m1", "m2"],
+        "tgt_type": "list",
+        "config_dir": "/etc/salt",
+        "timeout": multimaster_daemon.DRAIN_TIMEOUT,
+    }
+    # salt-call runs no published job: nothing to wait for.
+    assert multimaster_daemon.job_to_drain({}, 3, "/etc/salt") is None
+
+
+def test_a_target_too_long_for_an_argv_is_drained_as_every_minion(monkeypatch):
+    many = [f"minion{i}" for i in range(5000)]
+    jobs = [{"pid": 2, "jid": "20261128000000000001", "tgt": many, "tgt_type": "list"}]
+    monkeypatch.setattr(multimaster_daemon.salt.utils.minion, "running", lambda opts: jobs)
+    drain = multimaster_daemon.job_to_drain({}, 2, "/etc/salt")
+    assert (drain["tgt"], drain["tgt_type"]) == ("*", "glob")
+
+
+def test_the_restart_waits_until_no_minion_runs_the_job(monkeypatch):
+    monkeypatch.setattr(multimaster_daemon.time, "sleep", lambda seconds: None)
+    running = {"jid": "20261128000000000001", "pid": 7}
+    client = _FindJob(
+        {"master1": {}, "master2": running, "master3": running},
+        {"master2": running, "master3": {}},
+        {"master2": {}},
+    )
+    assert multimaster_daemon.drain_job(_drain(), client) == []
+    # After the first answer only the minions still running it are asked.
+    assert client.asked == [
+        ("master*", "glob", ["20261128000000000001"]),
+        (["master2", "master3"], "list", ["20261128000000000001"]),
+        (["master2"], "list", ["20261128000000000001"]),
+    ]
+
+
+def test_a_job_that_never_ends_holds_the_restart_only_until_the_deadline():
+    client = _FindJob({"master2": {"jid": "20261128000000000001"}})
+    started = time.monotonic()
+    assert multimaster_daemon.drain_job(_drain(timeout=1.5), client) == ["master2"]
+    assert 1.5 <= time.monotonic() - started < 5
+
+
+def test_a_master_that_cannot_be_asked_is_restarted_anyway():
+    class Unreachable:
+        def cmd(self, *args, **kwargs):
+            raise OSError("no master listening")
+
+    assert multimaster_daemon.drain_job(_drain(), Unreachable()) is None
+
+
+def test_the_watcher_drains_the_job_before_the_restart(master, conf, tmp_path, monkeypatch):
+    proc, pidfile = master("-c", conf)
+    out = tmp_path / "cwd"
+    spec = _watcher_spec(monkeypatch, pidfile, conf, out, drain=_drain())
+    assert spec["drain"] == _drain()
+    drained = []
+    monkeypatch.setattr(multimaster_daemon, "drain_job", drained.append)
+    assert multimaster_daemon.main([json.dumps(spec)]) == 0
+    assert drained == [_drain()]
+    assert proc.wait(timeout=5) == -signal.SIGTERM
+    _ran_in(out)
