@@ -4,13 +4,16 @@ acceptance with ``salt-key``, per-minion pillar, bounded waits, and clean-up of 
 ``multimaster.minion_restarted`` re-launched behind the factories' back.
 """
 
+import atexit
 import contextlib
+import functools
 import logging
 import os
 import pathlib
 import shutil
 import signal
 import sys
+import tempfile
 import time
 
 import psutil
@@ -58,10 +61,23 @@ FILE_IGNORE_REGEX = [r"^\.venv(/|$)", r"^\.git(/|$)", r"(^|/)__pycache__(/|$)", 
 copy_formula = devkit.copy_formula
 
 
+@functools.cache
+def served_formula():
+    """
+    The formula as a master's ``file_roots`` hold it: its parts, copied once per test run into a
+    directory of their own (removed at exit). Not the checkout: Salt's file server walks every
+    directory of a root and filters each file only then, so a master serving the checkout walks
+    its virtualenvs (tens of thousands of files in CI) at each file-list refresh.
+    """
+    root = pathlib.Path(tempfile.mkdtemp(prefix="multimaster-formula-"))
+    atexit.register(shutil.rmtree, root, True)
+    return copy_formula(root)
+
+
 def master_overrides(host, ports, pillar_dir, serve_repo=True, **extra):
     """
     Master options for a test master bound to ``host``: keys must be accepted explicitly, and
-    (with ``serve_repo``) the repository root is on ``file_roots`` as a user's checkout would be.
+    (with ``serve_repo``) the formula is on ``file_roots`` (``served_formula``).
     """
     config = devkit.loopback_master(
         host,
@@ -73,7 +89,7 @@ def master_overrides(host, ports, pillar_dir, serve_repo=True, **extra):
         file_ignore_regex=FILE_IGNORE_REGEX,
     )
     if serve_repo:
-        config["file_roots"] = {"base": [str(REPO_ROOT)]}
+        config["file_roots"] = {"base": [str(served_formula())]}
     config.update(extra)
     return config
 

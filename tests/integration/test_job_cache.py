@@ -33,6 +33,7 @@ from .harness import (
     master_entry,
     multimaster_pillar,
     port_offset,
+    served_formula,
     wait_for,
     wait_for_ping,
 )
@@ -62,7 +63,7 @@ def job_cache_pillar(master1, master2_factory, ports, pillar_tree, database):
         [master_entry(master1, MASTER_HOSTS[0]), master_entry(master2_factory, MASTER_HOSTS[1])],
         ports,
         manage_services=False,
-        master=formula_master_options(REPO_ROOT, pillar_tree.root),
+        master=formula_master_options(served_formula(), pillar_tree.root),
         job_cache={
             "enabled": True,
             "host": DB_HOST,

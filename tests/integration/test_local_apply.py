@@ -11,11 +11,11 @@ import yaml
 from .harness import (
     FILE_IGNORE_REGEX,
     MASTER_HOSTS,
-    REPO_ROOT,
     PillarTree,
     Ports,
     assert_states_ok,
     multimaster_pillar,
+    served_formula,
     state_by_id,
     tree_snapshot,
 )
@@ -29,7 +29,7 @@ PORTS = Ports(publish=30150, ret=30151)  # only written to the config; nothing l
 @pytest.fixture(scope="module")
 def local_minion(salt_factories, tmp_path_factory):
     """
-    A minion config (never started) serving the formula from the checkout, with its pillar.
+    A minion config (never started) serving the formula (``served_formula``), with its pillar.
     """
     pillar = PillarTree(tmp_path_factory.mktemp("local-pillar"))
     masters = [{"id": f"master{i}", "host": host} for i, host in enumerate(MASTER_HOSTS, 1)]
@@ -38,7 +38,7 @@ def local_minion(salt_factories, tmp_path_factory):
         MINION,
         overrides={
             "file_client": "local",
-            "file_roots": {"base": [str(REPO_ROOT)]},
+            "file_roots": {"base": [str(served_formula())]},
             "pillar_roots": {"base": [str(pillar.root)]},
             "file_ignore_regex": FILE_IGNORE_REGEX,
         },

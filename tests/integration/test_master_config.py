@@ -11,7 +11,6 @@ import yaml
 
 from .harness import (
     MASTER_HOSTS,
-    REPO_ROOT,
     START_TIMEOUT,
     Ports,
     assert_states_ok,
@@ -19,6 +18,7 @@ from .harness import (
     copy_master_keypair,
     master_entry,
     multimaster_pillar,
+    served_formula,
     state_by_id,
     state_returns,
     tree_snapshot,
@@ -56,7 +56,7 @@ def master_pillar(master1, master2_factory, ports, pillar_tree):
         ports,
         manage_services=False,
         master={
-            "file_roots": {"base": [str(REPO_ROOT)]},
+            "file_roots": {"base": [str(served_formula())]},
             "pillar_roots": {"base": [str(pillar_tree.root)]},
         },
     )

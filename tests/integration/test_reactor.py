@@ -74,7 +74,7 @@ def masters(daemons, pillar_tree, state_tree):
     master1/master2 hot, one keypair, the formula served by both, both reactors switched on,
     and each control minion's key accepted on both before anything starts.
     """
-    file_roots = {"base": [str(state_tree), str(harness.REPO_ROOT)]}
+    file_roots = {"base": [str(state_tree), str(harness.served_formula())]}
     factories = [
         # The default auth callback leaves keys pending: here only salt-key accepts one.
         daemons.master(

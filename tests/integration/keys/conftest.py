@@ -9,8 +9,8 @@ masters bind 127.0.0.4, 127.0.0.5 and 127.0.0.6 on those same ports, each with i
 (``sync_master_key`` must deliver the shared one), ``open_mode``/``auto_accept`` off. Each master
 has a control minion connected to master1 only and accepted there with ``salt-key``; the
 formula's modules reach them with ``saltutil.sync_all`` from master1's ``file_roots`` (the
-repository root), as a user would. master1's config holds the ``multimaster`` section the
-``multimaster.master`` state would have written to ``master.d``.
+formula's parts, ``harness.served_formula``), as a user would. master1's config holds the
+``multimaster`` section the ``multimaster.master`` state would have written to ``master.d``.
 
 ``test_policy``, ``test_roots`` and ``test_faults`` share one such set for the whole package
 (``shared_key_cluster``, prefix ``ks``): it is made once, serves the roots those modules need
