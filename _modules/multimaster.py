@@ -221,6 +221,22 @@ def key_file_problems(pki_dir, user):
     return problems
 
 
+def minion_settled():
+    """
+    True when no restart of this salt-minion is pending: ``restart_minion`` restarts it only
+    after the job that asked has returned, and until then it still answers a ping.
+    ``salt-run multimaster.wait_minions`` asks this, so that it does not report a minion that is
+    about to go down.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' multimaster.minion_settled
+    """
+    return not multimaster_daemon.restart_pending(__opts__["pidfile"])
+
+
 def restart_minion(service="salt-minion", delay=0):
     """
     Restart this salt-minion once the current job has returned: as a service where it is one,

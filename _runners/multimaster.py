@@ -241,8 +241,10 @@ def wait_master_stopped(host, timeout=90, interval=1):
 def wait_minions(tgt="*", timeout=180, interval=2):
     """
     Wait until every minion whose key this master has accepted and that ``tgt`` matches
-    answers ``test.ping`` here: what to run after ``multimaster.minion`` restarted minions (or
-    after a failover) before ``status``. Progress names the minions still silent.
+    answers here with no restart pending (``multimaster.minion_settled``; a minion without the
+    formula's modules counts once it answers): what to run after ``multimaster.minion``
+    restarted minions (or after a failover) before ``status``. Progress names the minions
+    still silent.
 
     tgt
         A glob of minion ids.

@@ -1408,3 +1408,47 @@ def test_wait_master_stopped_waits_until_both_ports_are_closed(runner, monkeypat
     monkeypatch.setattr(multimaster_daemon, "port_open", lambda *a: next(probes))
     ret = runner.wait_master_stopped("10.9.9.9", timeout=30, interval=0)
     assert ret["retcode"] == 0 and ret["comment"] == "10.9.9.9 no longer listens", ret
+
+
+def test_wait_minions_waits_out_a_pending_minion_restart(runner, monkeypatch):
+    """
+    A minion whose restart is pending still answers: it counts once it says it is settled (or,
+    without the formula's modules, once it answers at all).
+    """
+
+    class TwoMinions:
+        def __init__(self, opts):
+            pass
+
+        def check_minions(self, tgt):
+            return {"minions": ["minion1", "web1"]}
+
+    rounds = iter(
+        [
+            {"minion1": False, "web1": "'multimaster.minion_settled' is not available."},
+            {},
+            {"minion1": True},
+        ]
+    )
+    asked = []
+
+    class Client:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def cmd(self, tgt, fun, tgt_type=None, timeout=None):
+            asked.append((tgt, fun))
+            return next(rounds)
+
+    monkeypatch.setattr(salt.utils.minions, "CkMinions", TwoMinions)
+    monkeypatch.setattr(salt.client, "get_local_client", lambda *a, **k: Client())
+    ret = runner.wait_minions(interval=0)
+    assert ret["retcode"] == 0 and ret["comment"] == "2 minions answer", ret
+    assert (
+        asked
+        == [(["minion1", "web1"], "multimaster.minion_settled")]
+        + [(["minion1"], "multimaster.minion_settled")] * 2
+    )
