@@ -183,7 +183,7 @@ def _share_one(run, section, master, answer, keys, signer, timeout):
     if signer is None or not missing:
         return dict(report, result=not report["conflicts"], written=[])
     try:
-        bound = multimaster_control.bound(multimaster_control.binding(answer, master))
+        bound = multimaster_control.bound(multimaster_control.binding(answer, master, section))
         order = multimaster_cluster.peer_keys_order(missing, entry["minion_id"], signer, bound)
     except ValueError as exc:
         return dict(report, result=False, error=str(exc))
@@ -248,7 +248,7 @@ def _share_aes_one(run, section, master, answer, key, own, test, timeout):
             multimaster_control.primary_key_entry(run, entry["minion_id"])[1],
             multimaster_control.signer_key(run),
             multimaster_control.bound(
-                multimaster_control.binding(answer, master), sender=run.opts["id"]
+                multimaster_control.binding(answer, master, section), sender=run.opts["id"]
             ),
         )
     except ValueError as exc:

@@ -137,7 +137,15 @@ def addressable(found, what):
 
 
 def ids(found):
-    return [m["id"] for m in found["masters"]]
+    """
+    The master ids of section ``found``, its primary first, then the others in pillar order.
+    """
+    order = [m["id"] for m in found["masters"]]
+    primary = found.get("primary")
+    if primary in order[1:]:
+        order.remove(primary)
+        order.insert(0, primary)
+    return order
 
 
 def by_id(found):
@@ -178,7 +186,7 @@ def call(run, found, masters, fun, kwarg, timeout, check=None):
     keyed by master id. Each answer must be signed by its control minion for a nonce fresh to
     this publish (a return's minion id proves nothing: see ``multimaster_returns``);
     ``check(answer)`` then validates (and may normalise) it: a peer's return is never trusted
-    as it comes.
+    as it comes. Raises ``Refused`` when a peer is of a newer epoch (``fence``).
     """
     by_minion = {m["minion_id"]: m["id"] for m in found["masters"] if m["id"] in masters}
     nonce = os.urandom(32).hex()
@@ -203,6 +211,7 @@ def call(run, found, masters, fun, kwarg, timeout, check=None):
             )
         except multimaster_returns.AnswerRefused as exc:
             errors[master_id] = str(exc)
+    fence(found, answers)
     return answers, errors
 
 
@@ -292,20 +301,52 @@ def _reason(exc):
 # --- orders and transfers --------------------------------------------------------------------
 
 
-def binding(answer, master):
+def binding(answer, master, found):
     """
-    The challenge a peer issued, checked to name the master we asked.
+    The challenge a peer issued, checked to name the master we asked, with the epoch of this
+    master's section ``found`` (an order carries the sender's epoch, never the peer's).
     """
-    found = answer.get("binding")
-    if not isinstance(found, dict) or found.get("target") != master:
+    challenge = answer.get("binding")
+    if not isinstance(challenge, dict) or challenge.get("target") != master:
         raise ValueError(f"no challenge bound to {master}")
-    return found
+    return dict(challenge, epoch=found.get("epoch", 1))
 
 
 def bound(challenge, **extra):
     return multimaster_seal.bind(
-        challenge["challenge"], challenge["target"], challenge["config_dir"], **extra
+        challenge["challenge"],
+        challenge["target"],
+        challenge["config_dir"],
+        epoch=challenge["epoch"],
+        **extra,
     )
+
+
+def fence(found, answers):
+    """
+    Refuse to act when a peer's challenge names a newer epoch than this master's section
+    ``found``: another master was promoted primary since this one's section was written (it
+    was down, or its config was restored), and its orders would be refused anyway. Raises
+    ``Refused`` naming the newest epoch and the command that brings this master back.
+    """
+    own = found.get("epoch", 1)
+    newer = {
+        master: answer["binding"]["epoch"]
+        for master, answer in answers.items()
+        if isinstance(answer, dict)
+        and isinstance(answer.get("binding"), dict)
+        and isinstance(answer["binding"].get("epoch"), int)
+        and answer["binding"]["epoch"] > own
+    }
+    if newer:
+        master = max(newer, key=newer.get)
+        raise Refused(
+            f"{master} is at epoch {newer[master]}, newer than this master's epoch {own}: "
+            f"another master was promoted primary since this master's multimaster section was "
+            f"written, so this master acts for nobody. Bring it back from the primary: list it "
+            f"in pillar multimaster:masters and run salt-run state.orch "
+            f'multimaster.orch.add_master pillar=\'{{"multimaster_new": "<its id>"}}\''
+        )
 
 
 def staged(run, found, master, document, fileserver=False):

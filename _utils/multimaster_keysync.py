@@ -177,7 +177,9 @@ def _apply_one(run, section, master, actions, binding, timeout):
             "key_actions",
             multimaster_control.by_id(section)[master]["minion_id"],
             multimaster_control.signer_key(run),
-            multimaster_control.bound(multimaster_control.binding({"binding": binding}, master)),
+            multimaster_control.bound(
+                multimaster_control.binding({"binding": binding}, master, section)
+            ),
         )
     except ValueError as exc:
         return {"result": False, "error": str(exc)}

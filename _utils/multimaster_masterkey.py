@@ -234,7 +234,8 @@ def _deliver(run, section, master, plan, signing, timeout):
         multimaster_control.primary_key_entry(run, entry["minion_id"])[1],
         multimaster_control.signer_key(run),
         multimaster_control.bound(
-            multimaster_control.binding(plan["info"][master], master), fp=plan["intended"]
+            multimaster_control.binding(plan["info"][master], master, section),
+            fp=plan["intended"],
         ),
     )
     del private

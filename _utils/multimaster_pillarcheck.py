@@ -178,6 +178,19 @@ def check_pillar(pillar):
     seen = {"id": set(), "host": set(), "minion_id": set()}
     for index, master in enumerate(masters):
         _check_master(index, master, seen)
+    _check_primary(pillar.get("primary"), [m["id"] for m in masters])
+    _check_epoch(pillar.get("epoch", 1))
+
+
+def _check_primary(primary, ids):
+    if primary is not None and primary not in ids:
+        expected = f"the id of one of multimaster:masters {ids} (default: the first)"
+        _fail("primary", primary, expected)
+
+
+def _check_epoch(epoch):
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
+        _fail("epoch", epoch, "a whole number >= 1, raised by one at each promote")
 
 
 def check_merged(settings):
@@ -518,6 +531,9 @@ def check_section(section):
     for master in section["masters"]:
         master.setdefault("minion_id", master["id"])
     section.setdefault("ports", {"publish": 4505, "ret": 4506})
+    # Written before primary and epoch existed: the first master, the first generation.
+    section["primary"] = section.get("primary") or section["masters"][0]["id"]
+    section.setdefault("epoch", 1)
     return section
 
 

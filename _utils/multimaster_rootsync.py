@@ -331,7 +331,7 @@ def _deliver_roots(run, found, master, pairs, members, binding):
         entry["minion_id"],
         multimaster_control.primary_key_entry(run, entry["minion_id"])[1],
         multimaster_control.signer_key(run),
-        multimaster_control.bound(multimaster_control.binding({"binding": binding}, master)),
+        multimaster_control.bound(multimaster_control.binding({"binding": binding}, master, found)),
     )
     # Sealed to the peer: its file server may hand it over, to that minion only.
     return multimaster_control.staged(run, found, master, plan, fileserver=True)

@@ -129,9 +129,10 @@ def order(instruction, purpose, recipient, signer_key_pem, bound):
     return _sign(document, _ORDER, signer_key_pem)
 
 
-def _check(document, fields, purpose, recipient, signer_pub_pem, expect, challenges):
+def _check(document, fields, purpose, recipient, signer_pub_pem, expect, challenges, epoch=1):
     """
-    Verify address, signature, binding and expiry, then consume the challenge.
+    Verify address, signature, binding, epoch (at least ``epoch``) and expiry, then consume the
+    challenge.
     """
     if not isinstance(document, dict) or document.get("v") != VERSION:
         raise SealError(f"unsupported envelope version {getattr(document, 'get', dict)('v')!r}")
@@ -157,6 +158,7 @@ def _check(document, fields, purpose, recipient, signer_pub_pem, expect, challen
     for key, value in expect.items():
         if bound.get(key) != value:
             raise SealError(f"envelope is bound to {key} {bound.get(key)!r}, not {value!r}")
+    _check_epoch(bound.get("epoch", 1), epoch)
     now = time.time()
     expires = bound.get("expires")
     if not isinstance(expires, int) or expires <= now:
@@ -167,7 +169,17 @@ def _check(document, fields, purpose, recipient, signer_pub_pem, expect, challen
     return bound
 
 
-def unseal(envelope, purpose, recipient, recipient_key_pem, signer_pub_pem, expect, challenges):
+def _check_epoch(theirs, ours):
+    if isinstance(theirs, bool) or not isinstance(theirs, int) or theirs < ours:
+        raise SealError(
+            f"the order comes from a master at epoch {theirs!r}, older than this set's epoch "
+            f"{ours}: that master is no longer the primary (multimaster.promote)"
+        )
+
+
+def unseal(
+    envelope, purpose, recipient, recipient_key_pem, signer_pub_pem, expect, challenges, epoch=1
+):
     """
     Verify and open an envelope made by ``seal``. ``expect``: binding fields that must match
     (e.g. ``{"target": ..., "config_dir": ...}``); ``challenges``: the recipient's
@@ -183,7 +195,7 @@ def unseal(envelope, purpose, recipient, recipient_key_pem, signer_pub_pem, expe
     signer_pub_pem
         The public key (PEM) of the master we trust (``minion_master.pub``).
     """
-    bound = _check(envelope, _SEALED, purpose, recipient, signer_pub_pem, expect, challenges)
+    bound = _check(envelope, _SEALED, purpose, recipient, signer_pub_pem, expect, challenges, epoch)
     try:
         key = serialization.load_pem_private_key(recipient_key_pem.encode(), password=None)
         data_key = key.decrypt(base64.b64decode(envelope["wrapped_key"]), _OAEP)
@@ -197,7 +209,9 @@ def unseal(envelope, purpose, recipient, recipient_key_pem, signer_pub_pem, expe
     return json.loads(plain), bound
 
 
-def check_order(document, instruction, purpose, recipient, signer_pub_pem, expect, challenges):
+def check_order(
+    document, instruction, purpose, recipient, signer_pub_pem, expect, challenges, epoch=1
+):
     """
     Verify a signed order made by ``order`` for ``instruction``; consumes its challenge.
     Returns the binding; raises ``SealError``.
@@ -219,10 +233,13 @@ def check_order(document, instruction, purpose, recipient, signer_pub_pem, expec
 
     challenges
         Our ``ChallengeStore``.
+
+    epoch
+        The set's epoch here: an order bound to an older one is refused.
     """
     if not isinstance(document, dict) or document.get("digest") != digest(instruction):
         raise SealError("the instruction does not match the signed order")
-    return _check(document, _ORDER, purpose, recipient, signer_pub_pem, expect, challenges)
+    return _check(document, _ORDER, purpose, recipient, signer_pub_pem, expect, challenges, epoch)
 
 
 def _json_key(key):
@@ -456,12 +473,14 @@ def expected(master):
 
 def binding(minion_opts, master):
     """
-    A fresh challenge and what the runner must bind its next order to.
+    A fresh challenge and what the runner must bind its next order to, with the set's epoch
+    here (a runner of an older one refuses to act: ``multimaster_control.call``).
     """
     return {
         "challenge": challenges(minion_opts).issue(),
         "target": master["id"],
         "config_dir": master["config_dir"],
+        "epoch": master.get("epoch", 1),
     }
 
 
@@ -478,6 +497,7 @@ def unsealed_for(minion_opts, master, envelope, purpose):
         own_file(minion_opts, "minion_master.pub"),
         expected(master),
         challenges(minion_opts),
+        master.get("epoch", 1),
     )
 
 
@@ -494,4 +514,5 @@ def check_order_for(minion_opts, master, document, instruction, purpose):
         own_file(minion_opts, "minion_master.pub"),
         expected(master),
         challenges(minion_opts),
+        master.get("epoch", 1),
     )

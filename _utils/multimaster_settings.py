@@ -40,6 +40,7 @@ def build(pillar, defaults):
     multimaster_pillarcheck.check_merged(settings)
     for master in settings["masters"]:
         master.setdefault("minion_id", master["id"])
+    settings["primary"] = settings.get("primary") or settings["masters"][0]["id"]
     return settings
 
 
@@ -84,12 +85,13 @@ def redacted(data, path=""):
 
 def primary(settings):
     """
-    The first master: the source of truth for key acceptance and for roots.
+    The primary's entry (``primary``, by default the first master): the source of truth for
+    key acceptance, roots and the master key.
 
     settings
-        The merged ``multimaster`` settings.
+        The merged ``multimaster`` settings (``build``) or a checked section.
     """
-    return settings["masters"][0]
+    return next(m for m in settings["masters"] if m["id"] == settings["primary"])
 
 
 def find_master(settings, minion_id):
@@ -108,8 +110,8 @@ def find_master(settings, minion_id):
 def local_master(section, minion_id, default_config_dir):
     """
     The master entry whose control minion is ``minion_id``, its ``config_dir`` resolved (the
-    minion's own config dir when the entry names none), or None. Paths a peer acts on come from
-    here, never from a caller's arguments.
+    minion's own config dir when the entry names none) and the set's ``epoch`` added, or None.
+    Paths a peer acts on come from here, never from a caller's arguments.
 
     section
         The ``multimaster`` section (checked).
@@ -120,7 +122,9 @@ def local_master(section, minion_id, default_config_dir):
     master = find_master(section, minion_id)
     if master is None:
         return None
-    return dict(master, config_dir=master.get("config_dir") or default_config_dir)
+    # The set's epoch rides with the entry: an order must be bound to it at least.
+    config_dir = master.get("config_dir") or default_config_dir
+    return dict(master, config_dir=config_dir, epoch=section.get("epoch", 1))
 
 
 def control_master(pillar, minion_opts):
@@ -156,7 +160,7 @@ def runner_section(settings):
     settings
         The merged ``multimaster`` settings.
     """
-    keys = ["mode", "ports", "masters", "manage_services", "max_revoke_share"]
+    keys = ["mode", "ports", "masters", "primary", "epoch", "manage_services", "max_revoke_share"]
     if settings["mode"] == "failover":
         keys += ["failover", "signing"]
     section = {key: copy.deepcopy(settings[key]) for key in keys}

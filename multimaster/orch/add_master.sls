@@ -10,9 +10,9 @@
 {%- from tplroot ~ "/map.jinja" import mapdata with context %}
 {%- set new_id = pillar.get("multimaster_new") %}
 {%- set batch = pillar.get("multimaster_batch", "10%") %}
-{%- set primary = mapdata.masters[0] %}
+{%- set primary = mapdata.masters | selectattr("id", "equalto", mapdata.primary) | first %}
 {%- set found = mapdata.masters | selectattr("id", "equalto", new_id) | list %}
-{%- set others = mapdata.masters[1:] | rejectattr("id", "equalto", new_id) | list %}
+{%- set others = mapdata.masters | rejectattr("id", "in", [primary.id, new_id]) | list %}
 
 {%- if not found or new_id == primary.id %}
 

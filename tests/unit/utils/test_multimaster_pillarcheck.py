@@ -633,6 +633,15 @@ CASES = {
         "0",
         "true or false",
     ),
+    "primary-not-listed": (
+        pillar(primary="master9"),
+        "primary",
+        js("master9"),
+        "the id of one of multimaster:masters",
+    ),
+    "epoch-zero": (pillar(epoch=0), "epoch", "0", "a whole number >= 1"),
+    "epoch-a-string": (pillar(epoch="2"), "epoch", js("2"), "a whole number >= 1"),
+    "epoch-a-bool": (pillar(epoch=True), "epoch", "true", "a whole number >= 1"),
 }
 
 
@@ -696,3 +705,21 @@ def test_secret_values_are_never_echoed_in_errors(defaults):
         multimaster_settings.build(data, defaults)
     assert "multimaster:master:config" in str(err.value)
     assert "hunter2" not in str(err.value) and multimaster_pillarcheck.MASK in str(err.value)
+
+
+def test_the_primary_is_the_first_master_unless_pillar_names_another(defaults):
+    built = multimaster_settings.build(pillar(), defaults)
+    assert (built["primary"], built["epoch"]) == (M1["id"], 1)
+    assert multimaster_settings.primary(built)["id"] == M1["id"]
+    built = multimaster_settings.build(pillar(primary=M2["id"], epoch=2), defaults)
+    assert (built["primary"], built["epoch"]) == (M2["id"], 2)
+    assert multimaster_settings.primary(built)["host"] == M2["host"]
+    # The masters keep their pillar order: the minions' master lists do not change.
+    assert [m["id"] for m in built["masters"]] == [M1["id"], M2["id"]]
+    section = multimaster_settings.runner_section(built)
+    assert (section["primary"], section["epoch"]) == (M2["id"], 2)
+
+
+def test_a_section_written_before_primary_and_epoch_reads_as_the_first_generation():
+    section = multimaster_pillarcheck.check_section({"masters": [M1, M2]})
+    assert (section["primary"], section["epoch"]) == (M1["id"], 1)

@@ -140,6 +140,40 @@ def test_signed_orders_cover_the_instruction_and_open_once(store):
         check(signed, instruction)
 
 
+@pytest.mark.parametrize("sent, here, opens", [(2, 2, True), (3, 2, True), (1, 2, False)])
+def test_an_order_from_an_older_epoch_is_refused(store, sent, here, opens):
+    instruction = {"actions": []}
+    challenge = store.issue()
+    bound = multimaster_seal.bind(challenge, "master2", "/etc/salt", epoch=sent)
+    signed = multimaster_seal.order(instruction, "key_actions", "cm2", priv_pem(SENDER), bound)
+    sealed = multimaster_seal.seal(
+        SECRET, "master_key", "cm2", pub_pem(RECIPIENT), priv_pem(SENDER), dict(bound)
+    )
+    order_args = (instruction, "key_actions", "cm2", pub_pem(SENDER), TARGET, store, here)
+    seal_args = ("master_key", "cm2", priv_pem(RECIPIENT), pub_pem(SENDER), TARGET, store, here)
+    if opens:
+        assert multimaster_seal.check_order(signed, *order_args)["epoch"] == sent
+        return
+    for check, document, args in (
+        (multimaster_seal.check_order, signed, order_args),
+        (multimaster_seal.unseal, sealed, seal_args),
+    ):
+        with pytest.raises(multimaster_seal.SealError, match="older than this set's epoch 2"):
+            check(document, *args)
+    # Refused before its challenge was spent: an order of the current epoch still opens.
+    bound = multimaster_seal.bind(challenge, "master2", "/etc/salt", epoch=2)
+    signed = multimaster_seal.order(instruction, "key_actions", "cm2", priv_pem(SENDER), bound)
+    assert multimaster_seal.check_order(signed, *order_args)["epoch"] == 2
+
+
+def test_an_order_of_a_formula_without_epochs_counts_as_the_first():
+    bound = multimaster_seal.bind("ab" * 32, "master2", "/etc/salt")
+    assert "epoch" not in bound
+    multimaster_seal._check_epoch(bound.get("epoch", 1), 1)
+    with pytest.raises(multimaster_seal.SealError):
+        multimaster_seal._check_epoch(bound.get("epoch", 1), 2)
+
+
 # --- signed answers --------------------------------------------------------------------------
 
 NONCE = "ab" * 32
