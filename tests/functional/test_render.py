@@ -592,6 +592,56 @@ def test_remove_master_restarts_the_cluster_masters_one_at_a_time(rendered):
     assert {"salt": "multimaster-orch-remove-master-stop-confirmed"} in forgotten["require"]
 
 
+# master1, the primary, is gone: pillar lists master2 and master3, at the next epoch.
+PROMOTED = {
+    "promoted": (
+        "master2",
+        pillar(masters=[MASTERS[1], {"id": "master3", "host": "127.0.0.4"}], epoch=2),
+    ),
+    "not-raised": ("master2", pillar(masters=[MASTERS[1], {"id": "master3", "host": "h3"}])),
+    "raised-twice": ("master2", pillar(masters=[MASTERS[1]], epoch=3)),
+    "elsewhere": (
+        "master2",
+        pillar(masters=[{"id": "master3", "host": "h3"}, MASTERS[1]], epoch=2),
+    ),
+}
+
+
+def test_promote_renders_its_steps_masters_first(rendered):
+    env, _ = rendered("promoted", PROMOTED)
+    high = states(render_orch(env, "promote", multimaster_old_primary="master1"))
+    steps = [sid.removeprefix("multimaster-orch-promote-") for sid in high]
+    assert steps == [
+        "masters-configured",
+        "masters-settled",
+        "minions-configured",
+        "minions-settled",
+        "keys-synced",
+        "roots-synced",
+        "status",
+    ], steps
+    _, masters = args(high["multimaster-orch-promote-masters-configured"])
+    assert masters["tgt"] == ["master2", "master3"]
+
+
+@pytest.mark.parametrize(
+    "variant, old, refusal, says",
+    [
+        ("promoted", "master2", "refused", "no longer listed"),
+        ("promoted", CRAFTED, "pillar-refused", "is not a valid id"),
+        ("not-raised", "master1", "epoch-refused", "got 1; expected 2"),
+        ("raised-twice", "master1", "epoch-refused", "got 3; expected 2"),
+        ("elsewhere", "master1", "not-here", 'not the new primary "master3"'),
+    ],
+)
+def test_promote_refuses_before_any_step(rendered, variant, old, refusal, says):
+    env, _ = rendered(variant, PROMOTED)
+    high = states(render_orch(env, "promote", multimaster_old_primary=old))
+    assert list(high) == [f"multimaster-orch-promote-{refusal}"], list(high)
+    fun, kwargs = args(high[f"multimaster-orch-promote-{refusal}"])
+    assert fun == "test.fail_without_changes" and says in kwargs["name"], kwargs
+
+
 @pytest.mark.parametrize(
     "name, orch_pillar",
     [
