@@ -11,13 +11,17 @@
 {%- set tplroot = tpldir.split("/")[0] %}
 {%- from tplroot ~ "/map.jinja" import mapdata with context %}
 {%- set old = pillar.get("multimaster_old_primary") %}
+{%- set old_minion = pillar.get("multimaster_old_primary_minion_id", old) %}
 {%- set batch = pillar.get("multimaster_batch", "10%") %}
 {%- set ids = mapdata.masters | map(attribute="id") | list %}
 {%- set remaining = mapdata.masters | map(attribute="minion_id") | list %}
 {%- set on_disk = opts.get("multimaster") or {} %}
 {%- set current = on_disk.get("epoch", 1) %}
 {%- set here = opts.get("id", "") %}
-{%- set problems = salt["multimaster.id_problems"]({"pillar multimaster_old_primary": old}) %}
+{%- set problems = salt["multimaster.id_problems"]({
+      "pillar multimaster_old_primary": old,
+      "pillar multimaster_old_primary_minion_id": pillar.get("multimaster_old_primary_minion_id"),
+    }) %}
 
 {%- if problems %}
 
@@ -78,9 +82,11 @@ multimaster-orch-promote-masters-settled:
     - require:
       - salt: multimaster-orch-promote-masters-configured
 
+{#- The old primary's control minion died with it: a batch would wait for it and fail. #}
 multimaster-orch-promote-minions-configured:
   salt.state:
-    - tgt: '*'
+    - tgt: {{ ("* and not L@" ~ old_minion) | json }}
+    - tgt_type: compound
     - sls: multimaster.minion
     - batch: {{ batch | json }}
     - queue: true

@@ -1,0 +1,115 @@
+"""
+The primary's host dies for good in a hot set of three masters on separate hosts (Salt's
+default paths): the operator takes it out of pillar on master2, raises the epoch and runs
+``multimaster.orch.promote`` there. master2 becomes the primary, the survivors' sections say
+so, the minions drop master1, and every survivor reaches every minion. master1 then comes back
+with its old config: its ``sync_keys`` is refused and changes nothing on the survivors.
+"""
+
+import time
+
+from toolkit import hosts as nshosts
+
+HOSTS = {
+    "master1": "10.0.3.61",
+    "master2": "10.0.3.230",
+    "master3": "10.0.3.232",
+    "minion1": "10.0.3.71",
+}
+PRIMARY = "10.0.3.61"
+PILLAR = """\
+multimaster:
+  mode: hot
+  masters:
+    - {id: master1, host: 10.0.3.61}
+    - {id: master2, host: 10.0.3.230}
+    - {id: master3, host: 10.0.3.232}
+  master:
+    file_roots: {base: [/srv/salt, /srv/formulas/multimaster-formula]}
+    pillar_roots: {base: [/srv/pillar]}
+"""
+PREPARE = f"""
+git clone "$FORMULA_GIT" /srv/formulas/multimaster-formula
+mkdir -p /srv/salt /srv/pillar
+cat > /etc/salt/master.d/roots.conf <<'YAML'
+file_roots:
+  base: [/srv/salt, /srv/formulas/multimaster-formula]
+pillar_roots:
+  base: [/srv/pillar]
+YAML
+printf "base:\\n  '*': [multimaster]\\n" > /srv/pillar/top.sls
+cat > /srv/pillar/multimaster.sls <<'YAML'
+{PILLAR}YAML
+systemctl restart salt-master
+until [ "$(salt-key -l un | grep -cxE '(master[123]|minion1)')" = 4 ]; do sleep 2; done
+salt-key -A -y
+until [ "$(salt '*' test.ping --out=txt | grep -c ': True')" = 4 ]; do sleep 3; done
+"""
+BUILD = """
+salt '*' saltutil.sync_all && salt-run saltutil.sync_all
+salt 'master*' state.apply multimaster.master
+salt-run multimaster.sync_master_key
+salt-run multimaster.sync_roots
+salt-run multimaster.sync_keys
+salt 'master*' state.apply multimaster.master
+salt-run multimaster.wait_masters
+salt '*' state.apply multimaster.minion
+salt-run multimaster.wait_minions
+salt-run multimaster.status
+"""
+# On master2, whose pillar_roots sync_roots keeps equal to the primary's.
+PROMOTE = """
+cd /srv/pillar
+sed -i -e '/id: master1,/d' -e 's/^  mode: hot$/  mode: hot\\n  epoch: 2/' multimaster.sls
+salt-run state.orch multimaster.orch.promote pillar='{"multimaster_old_primary": "master1"}'
+"""
+
+
+def _answering(master):
+    out = master.sh("salt '*' test.ping --out=txt --timeout=10", check=False).stdout
+    return sorted(line.split(":")[0] for line in out.splitlines() if line.endswith(": True"))
+
+
+def _listens(master):
+    return master.sh("ss -ltn | grep -q ':4506 '", check=False).returncode == 0
+
+
+def _keys(master):
+    return master.sh("salt-key -L --out=json").stdout
+
+
+def test_a_survivor_is_promoted_and_the_old_primary_is_refused(host_set):
+    for name in HOSTS:
+        nshosts.bootstrap(host_set[name], PRIMARY, master=name.startswith("master"))
+    master1, master2, master3 = (host_set[m] for m in ("master1", "master2", "master3"))
+    master1.sh(PREPARE, env={"FORMULA_GIT": nshosts.formula_git()}, timeout=600)
+    master1.sh(BUILD, timeout=1200)
+    # master1's host dies: its daemons killed, its address silent.
+    master1.kill_all()
+    master1.sh("ip link set eth0 down")
+    started = time.monotonic()
+    result = master2.sh(PROMOTE, check=False, timeout=1200)
+    took = time.monotonic() - started
+    print(f"promote with 2 survivors took {took:.0f}s")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for master in (master2, master3):
+        section = master.path("/etc/salt/master.d/multimaster.conf").read_text()
+        assert "epoch: 2" in section and "primary: master2" in section, section
+        assert "10.0.3.61" not in section, section
+    listed = host_set["minion1"].path("/etc/salt/minion.d/multimaster.conf").read_text()
+    assert "10.0.3.61" not in listed and "10.0.3.230" in listed, listed
+    survivors = ["master2", "master3", "minion1"]
+    for master in (master2, master3):
+        host_set.wait(
+            f"every survivor answering {master.name}",
+            lambda master=master: set(survivors) <= set(_answering(master)),
+            120,
+        )
+    # master1 comes back with its old config (epoch 1, itself the primary).
+    before = {m.name: _keys(m) for m in (master2, master3)}
+    master1.sh("ip link set eth0 up && salt-master -d && salt-minion -d")
+    host_set.wait("master1 listening", lambda: _listens(master1), 60)
+    refused = master1.sh("salt-run multimaster.sync_keys", check=False, timeout=300)
+    print(refused.stdout + refused.stderr)
+    assert refused.returncode != 0, refused.stdout
+    assert {m.name: _keys(m) for m in (master2, master3)} == before
