@@ -61,6 +61,7 @@ salt-run multimaster.status
 PROMOTE = """
 cd /srv/pillar
 sed -i -e '/id: master1,/d' -e 's/^  mode: hot$/  mode: hot\\n  epoch: 2/' multimaster.sls
+salt-run saltutil.sync_all       # the orchestration renders with this master's own modules
 salt-run state.orch multimaster.orch.promote pillar='{"multimaster_old_primary": "master1"}'
 """
 
