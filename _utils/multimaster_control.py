@@ -20,8 +20,10 @@ import multimaster_seal
 import multimaster_transport
 import salt.client
 import salt.config
+import salt.pillar
 import salt.utils.files
 import salt.utils.json
+import salt.utils.minions
 from salt.exceptions import SaltClientError, SaltInvocationError
 
 log = logging.getLogger(__name__)
@@ -133,6 +135,16 @@ def addressable(found, what):
             "addressed behind the balancer, and Salt's cluster shares keys itself (see "
             "docs/cluster.md in the formula)"
         )
+    return found
+
+
+def acting(run, found, what):
+    """
+    ``found``, addressable (``addressable``) and not fenced by a newer epoch in pillar
+    (``fence_by_pillar``): the section a runner acting as the primary plans from.
+    """
+    addressable(found, what)
+    fence_by_pillar(run, found)
     return found
 
 
@@ -335,18 +347,67 @@ def fence(found, answers):
         for master, answer in answers.items()
         if isinstance(answer, dict)
         and isinstance(answer.get("binding"), dict)
-        and isinstance(answer["binding"].get("epoch"), int)
+        and _is_epoch(answer["binding"].get("epoch"))
         and answer["binding"]["epoch"] > own
     }
     if newer:
         master = max(newer, key=newer.get)
-        raise Refused(
-            f"{master} is at epoch {newer[master]}, newer than this master's epoch {own}: "
-            f"another master was promoted primary since this master's multimaster section was "
-            f"written, so this master acts for nobody. Bring it back from the primary: list it "
-            f"in pillar multimaster:masters and run salt-run state.orch "
-            f'multimaster.orch.add_master pillar=\'{{"multimaster_new": "<its id>"}}\''
-        )
+        raise Refused(_fenced(f"{master} is at epoch {newer[master]}", own))
+
+
+def fence_by_pillar(run, found):
+    """
+    Refuse to act as the primary when the pillar this master's control minion gets now names a
+    newer ``multimaster:epoch`` than this master's section ``found``: the set was promoted while
+    this master was away, and its peers may no longer even reach it (their control minions were
+    re-pointed), so their challenges cannot say so. A pillar without a ``multimaster`` section
+    for it, or one that does not compile, leaves the peers' own fence (``fence``) to decide.
+    """
+    here = this_master(run, found)
+    if here is None:
+        return
+    epoch = pillar_epoch(run, by_id(found)[here].get("minion_id", here))
+    own = found.get("epoch", 1)
+    if epoch is not None and epoch > own:
+        raise Refused(_fenced(f"pillar multimaster:epoch is {epoch}", own))
+
+
+def pillar_epoch(run, minion_id):
+    """
+    The ``multimaster:epoch`` of the pillar compiled now for ``minion_id`` (with its cached
+    grains, as ``salt-run pillar.show_pillar`` does): 1 when the section names none, None when
+    there is no section or the pillar does not compile.
+    """
+    id_, grains, _ = salt.utils.minions.get_minion_data(minion_id, run.opts)
+    try:
+        pillar = salt.pillar.get_pillar(
+            run.opts, grains or {"fqdn": minion_id}, id_ or minion_id, saltenv="base"
+        ).compile_pillar()
+    except Exception as exc:  # pylint: disable=broad-except
+        # Any renderer's error: the fence then rests on the peers' challenges alone.
+        log.warning("multimaster: the pillar of %s did not compile: %s", minion_id, exc)
+        return None
+    if pillar.get("_errors"):
+        log.warning("multimaster: the pillar of %s has errors: %s", minion_id, pillar["_errors"])
+        return None
+    section = pillar.get("multimaster")
+    if not isinstance(section, dict):
+        return None
+    epoch = section.get("epoch", 1)
+    return epoch if _is_epoch(epoch) else None
+
+
+def _is_epoch(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _fenced(newer, own):
+    return (
+        f"{newer}, newer than this master's epoch {own}: another master was promoted primary "
+        "since this master's multimaster section was written, so this master acts for nobody. "
+        "Bring it back from the primary: list it in pillar multimaster:masters and run salt-run "
+        'state.orch multimaster.orch.add_master pillar=\'{"multimaster_new": "<its id>"}\''
+    )
 
 
 def staged(run, found, master, document, fileserver=False):

@@ -272,8 +272,8 @@ def sync_keys(run, minion=None, prune=False, test=False, force=False, masters=No
     ``multimaster.sync_keys``: reconcile minion key states across all masters.
     """
     try:
-        section = multimaster_control.addressable(
-            multimaster_control.configured(run, masters, "sync_keys"), "sync_keys"
+        section = multimaster_control.acting(
+            run, multimaster_control.configured(run, masters, "sync_keys"), "sync_keys"
         )
         ids = None if minion is None else [multimaster_ids.check_id(minion, "minion")]
         multimaster_control.await_restarts(run, section)
@@ -315,7 +315,9 @@ def one_id(
         )
         multimaster_ids.check_id(minion_id, "minion id")
         if settle:
-            # An operator's command waits out restarts; a reactor never waits on a minion.
+            # An operator's command waits out restarts and checks pillar's epoch; a reactor
+            # never waits (peers still refuse its orders by epoch: multimaster_seal).
+            multimaster_control.fence_by_pillar(run, section)
             multimaster_control.await_restarts(run, section)
     except SaltInvocationError as exc:
         return multimaster_control.refused(run, exc)

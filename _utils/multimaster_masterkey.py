@@ -299,8 +299,10 @@ def sync_master_key(run, test=False, masters=None, timeout=180):
     every stale master and verify what every master serves.
     """
     try:
-        section = multimaster_control.addressable(
-            multimaster_control.configured(run, masters, "sync_master_key"), "sync_master_key"
+        section = multimaster_control.acting(
+            run,
+            multimaster_control.configured(run, masters, "sync_master_key"),
+            "sync_master_key",
         )
         signing = uses_signing(section)
         multimaster_control.await_restarts(run, section)

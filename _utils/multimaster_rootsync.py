@@ -137,7 +137,7 @@ def _sync_target(run, roots):
     if roots not in ROOT_CHOICES:
         raise multimaster_control.Refused(f"roots={roots!r}: expected one of file, pillar, both")
     current = multimaster_control.on_disk(run)
-    found = multimaster_control.addressable(multimaster_control.section(run, current), "sync_roots")
+    found = multimaster_control.acting(run, multimaster_control.section(run, current), "sync_roots")
     multimaster_control.await_restarts(run, found)
     return current, found
 

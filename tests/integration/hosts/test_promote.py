@@ -3,7 +3,8 @@ The primary's host dies for good in a hot set of three masters on separate hosts
 default paths): the operator takes it out of pillar on master2, raises the epoch and runs
 ``multimaster.orch.promote`` there. master2 becomes the primary, the survivors' sections say
 so, the minions drop master1, and every survivor reaches every minion. master1 then comes back
-with its old config: its ``sync_keys`` is refused and changes nothing on the survivors.
+with its old config: its ``sync_keys``, ``sync_roots`` and ``sync_master_key`` are refused,
+naming the newer epoch, and change nothing on the survivors.
 """
 
 import time
@@ -106,11 +107,18 @@ def test_a_survivor_is_promoted_and_the_old_primary_is_refused(host_set):
             lambda master=master: set(survivors) <= set(_answering(master)),
             120,
         )
-    # master1 comes back with its old config (epoch 1, itself the primary).
+    # master1 comes back with its old config (epoch 1, itself the primary) and the operator's
+    # current pillar, as a shared pillar source (git_pillar) serves it.
     before = {m.name: _keys(m) for m in (master2, master3)}
+    current = master2.path("/srv/pillar/multimaster.sls").read_text()
+    master1.path("/srv/pillar/multimaster.sls").write_text(current)
     master1.sh("ip link set eth0 up && salt-master -d && salt-minion -d")
     host_set.wait("master1 listening", lambda: _listens(master1), 60)
-    refused = master1.sh("salt-run multimaster.sync_keys", check=False, timeout=300)
-    print(refused.stdout + refused.stderr)
-    assert refused.returncode != 0, refused.stdout
+    for runner in ("sync_keys", "sync_roots", "sync_master_key"):
+        refused = master1.sh(f"salt-run multimaster.{runner}", check=False, timeout=300)
+        said = refused.stdout + refused.stderr
+        print(said)
+        assert refused.returncode != 0, said
+        assert "multimaster:epoch is 2, newer than this master's epoch 1" in said, said
+        assert "multimaster.orch.add_master" in said, said
     assert {m.name: _keys(m) for m in (master2, master3)} == before

@@ -5,6 +5,8 @@ The runners' plumbing: a run's progress events.
 import multimaster_control
 import pytest
 
+from tests.support import loading
+
 
 class GoneEvent:
     """
@@ -72,3 +74,48 @@ def test_a_peer_of_a_newer_epoch_fences_this_master():
     # A section written before epochs existed is the first generation.
     with pytest.raises(multimaster_control.Refused, match="epoch 2, newer than .* epoch 1"):
         multimaster_control.fence({}, {"master2": _answer({"epoch": 2})})
+
+
+def _pillar_run(tmp_path, section_yaml):
+    roots = tmp_path / "pillar"
+    roots.mkdir()
+    (roots / "top.sls").write_text("base:\n  '*': [multimaster]\n")
+    (roots / "multimaster.sls").write_text(section_yaml)
+    opts = loading.master_opts(
+        tmp_path, id="master1_master", pillar_roots={"base": [str(roots)]}, file_roots={}
+    )
+    return multimaster_control.Run(opts)
+
+
+OLD_SECTION = {
+    "epoch": 1,
+    "masters": [{"id": "master1", "minion_id": "master1"}, {"id": "master2", "minion_id": "m2"}],
+}
+
+
+def test_a_newer_epoch_in_pillar_fences_the_returning_primary(tmp_path):
+    run = _pillar_run(tmp_path, "multimaster:\n  epoch: 2\n  masters: [{id: master2}]\n")
+    with pytest.raises(multimaster_control.Refused) as err:
+        multimaster_control.fence_by_pillar(run, OLD_SECTION)
+    message = str(err.value)
+    assert message.startswith("pillar multimaster:epoch is 2, newer than this master's epoch 1")
+    assert "multimaster.orch.add_master" in message
+
+
+@pytest.mark.parametrize(
+    "section_yaml",
+    [
+        "multimaster:\n  epoch: 1\n",
+        "multimaster:\n  masters: []\n",  # no epoch: the first generation
+        "other: {}\n",  # no multimaster section for this master's control minion
+        "multimaster: {epoch: [\n",  # does not render: the peers' fence decides
+    ],
+)
+def test_pillar_at_this_epoch_or_without_one_lets_the_primary_act(tmp_path, section_yaml):
+    run = _pillar_run(tmp_path, section_yaml)
+    multimaster_control.fence_by_pillar(run, OLD_SECTION)
+
+
+def test_a_master_not_in_its_own_section_is_not_fenced_by_pillar(tmp_path):
+    run = _pillar_run(tmp_path, "multimaster:\n  epoch: 9\n")
+    multimaster_control.fence_by_pillar(run, {"epoch": 1, "masters": [{"id": "master7"}]})
