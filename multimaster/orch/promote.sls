@@ -65,6 +65,29 @@ multimaster-orch-promote-epoch-refused:
     - failhard: true
 {%- else %}
 
+{#- Minions first: a Salt 3008 hot minion that still lists the dead master can stop for good
+    when a live master it lists restarts (its dead master's connection takes the reconnect
+    event of the live one). The old primary's control minion died with it: a batch would
+    wait for it and fail. #}
+multimaster-orch-promote-minions-configured:
+  salt.state:
+    - tgt: {{ ("* and not L@" ~ old_minion) | json }}
+    - tgt_type: compound
+    - sls: multimaster.minion
+    - batch: {{ batch | json }}
+    - queue: true
+    - failhard: true
+
+{#- The control minions restart after their multimaster.minion job returned; this master's
+    section still lists the old primary until the next step. #}
+multimaster-orch-promote-minions-settled:
+  salt.runner:
+    - name: multimaster.wait_masters
+    - skip: {{ old | json }}
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-promote-minions-configured
+
 {#- Each survivor's section names the new primary and epoch; each master restarts once no
     minion still runs the job, this one too (the next step rides that out). #}
 multimaster-orch-promote-masters-configured:
@@ -74,6 +97,8 @@ multimaster-orch-promote-masters-configured:
     - sls: multimaster.master
     - queue: true
     - failhard: true
+    - require:
+      - salt: multimaster-orch-promote-minions-settled
 
 multimaster-orch-promote-masters-settled:
   salt.runner:
@@ -82,32 +107,12 @@ multimaster-orch-promote-masters-settled:
     - require:
       - salt: multimaster-orch-promote-masters-configured
 
-{#- The old primary's control minion died with it: a batch would wait for it and fail. #}
-multimaster-orch-promote-minions-configured:
-  salt.state:
-    - tgt: {{ ("* and not L@" ~ old_minion) | json }}
-    - tgt_type: compound
-    - sls: multimaster.minion
-    - batch: {{ batch | json }}
-    - queue: true
-    - failhard: true
-    - require:
-      - salt: multimaster-orch-promote-masters-settled
-
-{#- The control minions restart after their multimaster.minion job returned. #}
-multimaster-orch-promote-minions-settled:
-  salt.runner:
-    - name: multimaster.wait_masters
-    - failhard: true
-    - require:
-      - salt: multimaster-orch-promote-minions-configured
-
 multimaster-orch-promote-keys-synced:
   salt.runner:
     - name: multimaster.sync_keys
     - failhard: true
     - require:
-      - salt: multimaster-orch-promote-minions-settled
+      - salt: multimaster-orch-promote-masters-settled
 
 multimaster-orch-promote-roots-synced:
   salt.runner:

@@ -607,21 +607,24 @@ PROMOTED = {
 }
 
 
-def test_promote_renders_its_steps_masters_first(rendered):
+def test_promote_renders_its_steps_minions_first(rendered):
     env, _ = rendered("promoted", PROMOTED)
     high = states(render_orch(env, "promote", multimaster_old_primary="master1"))
     steps = [sid.removeprefix("multimaster-orch-promote-") for sid in high]
     assert steps == [
-        "masters-configured",
-        "masters-settled",
         "minions-configured",
         "minions-settled",
+        "masters-configured",
+        "masters-settled",
         "keys-synced",
         "roots-synced",
         "status",
     ], steps
     _, masters = args(high["multimaster-orch-promote-masters-configured"])
     assert masters["tgt"] == ["master2", "master3"]
+    # Until the masters' step, this master's section still lists the old primary.
+    _, settled = args(high["multimaster-orch-promote-minions-settled"])
+    assert settled["skip"] == "master1"
 
 
 @pytest.mark.parametrize(
