@@ -6,6 +6,8 @@
     section, then, with multimaster_stop: true, its control minion stops it
     (multimaster_remove_minion_id, default the master's id; multimaster_remove_config_dir,
     default that minion's own config dir). Stops at the first failure; safe to re-run.
+    With multimaster_remove_unreachable: true (its host is dead) the minions' step leaves out
+    its control minion, which could not answer, and multimaster_stop is refused.
 
     Mode cluster (minions know only the balancer): multimaster.haproxy on the balancer's minion
     (multimaster_balancer_minion) drains it, its control minion stops it (always: a removed peer
@@ -18,6 +20,7 @@
 {%- set gone = pillar.get("multimaster_remove") %}
 {%- set gone_minion = pillar.get("multimaster_remove_minion_id", gone) %}
 {%- set batch = pillar.get("multimaster_batch", "10%") %}
+{%- set unreachable = pillar.get("multimaster_remove_unreachable", false) %}
 {%- set ids = mapdata.masters | map(attribute="id") | list %}
 {%- set cluster = mapdata.mode == "cluster" %}
 {%- set balancer_minion = pillar.get("multimaster_balancer_minion") %}
@@ -43,6 +46,15 @@ multimaster-orch-remove-master-refused:
     - name: >-
         pillar multimaster_remove: got {{ gone | json }}; expected the id of a master no longer
         listed in multimaster:masters ({{ ids | json }}): remove it from pillar first
+    - failhard: true
+{%- elif unreachable not in [true, false] or (unreachable and pillar.get("multimaster_stop", false)) %}
+
+multimaster-orch-remove-master-unreachable-refused:
+  test.fail_without_changes:
+    - name: >-
+        pillar multimaster_remove_unreachable: got {{ unreachable | json }} with multimaster_stop
+        {{ pillar.get("multimaster_stop", false) | json }}; expected true (the host is dead, so
+        nothing can stop it) or false, and never true together with multimaster_stop: true
     - failhard: true
 {%- elif cluster and not balancer_minion %}
 
@@ -169,9 +181,15 @@ multimaster-orch-remove-master-status:
       - salt: {{ ns.last }}
 {%- else %}
 
+{#- A dead host's control minion cannot answer: a batch would wait for it and fail. #}
 multimaster-orch-remove-master-minions-configured:
   salt.state:
+{%-   if unreachable %}
+    - tgt: {{ ("* and not L@" ~ gone_minion) | json }}
+    - tgt_type: compound
+{%-   else %}
     - tgt: '*'
+{%-   endif %}
     - sls: multimaster.minion
     - batch: {{ batch | json }}
     - queue: true

@@ -676,3 +676,31 @@ def test_add_master_refuses_a_crafted_id_by_name(rendered):
     _, kwargs = args(high["multimaster-orch-add-master-refused"])
     assert f"got {json.dumps(CRAFTED)}; expected the id of a master listed" in kwargs["name"]
     assert '(["master1", "master2"])' in kwargs["name"], kwargs
+
+
+def test_remove_master_of_a_dead_host_leaves_its_control_minion_out(rendered):
+    env, _ = rendered("hot")
+    orch_pillar = {"multimaster_remove": "master3", "multimaster_remove_unreachable": True}
+    high = states(render_orch(env, "remove_master", **orch_pillar))
+    _, minions = args(high["multimaster-orch-remove-master-minions-configured"])
+    assert minions["tgt"] == "* and not L@master3" and minions["tgt_type"] == "compound"
+    assert "multimaster-orch-remove-master-status" in high
+    # Alive (the default): every minion, the removed master's control minion too.
+    high = states(render_orch(env, "remove_master", multimaster_remove="master3"))
+    _, minions = args(high["multimaster-orch-remove-master-minions-configured"])
+    assert minions["tgt"] == "*" and "tgt_type" not in minions
+
+
+@pytest.mark.parametrize(
+    "orch_pillar",
+    [
+        {"multimaster_remove_unreachable": True, "multimaster_stop": True},
+        {"multimaster_remove_unreachable": "yes"},
+    ],
+)
+def test_remove_master_of_a_dead_host_refuses_a_stop_or_a_non_boolean(rendered, orch_pillar):
+    env, _ = rendered("hot")
+    high = states(render_orch(env, "remove_master", multimaster_remove="master3", **orch_pillar))
+    assert list(high) == ["multimaster-orch-remove-master-unreachable-refused"], high
+    _, kwargs = args(high["multimaster-orch-remove-master-unreachable-refused"])
+    assert "multimaster_remove_unreachable" in kwargs["name"], kwargs

@@ -4,7 +4,8 @@ default paths): the operator takes it out of pillar on master2, raises the epoch
 ``multimaster.orch.promote`` there. master2 becomes the primary, the survivors' sections say
 so, the minions drop master1, and every survivor reaches every minion. master1 then comes back
 with its old config: its ``sync_keys``, ``sync_roots`` and ``sync_master_key`` are refused,
-naming the newer epoch, and change nothing on the survivors.
+naming the newer epoch, and change nothing on the survivors. Last, master3's host dies and
+``remove_master`` takes it out without it.
 """
 
 import time
@@ -65,6 +66,10 @@ sed -i -e '/id: master1,/d' -e 's/^  mode: hot$/  mode: hot\\n  epoch: 2/' multi
 salt-run saltutil.sync_all       # the orchestration renders with this master's own modules
 salt-run state.orch multimaster.orch.promote pillar='{"multimaster_old_primary": "master1"}'
 """
+REMOVE_DEAD = """
+salt-run state.orch multimaster.orch.remove_master \\
+  pillar='{"multimaster_remove": "master3", "multimaster_remove_unreachable": true}'
+"""
 
 
 def _answering(master):
@@ -80,7 +85,7 @@ def _keys(master):
     return master.sh("salt-key -L --out=json").stdout
 
 
-def test_a_survivor_is_promoted_and_the_old_primary_is_refused(host_set):
+def test_a_survivor_is_promoted(host_set):
     for name in HOSTS:
         nshosts.bootstrap(host_set[name], PRIMARY, master=name.startswith("master"))
     master1, master2, master3 = (host_set[m] for m in ("master1", "master2", "master3"))
@@ -107,6 +112,10 @@ def test_a_survivor_is_promoted_and_the_old_primary_is_refused(host_set):
             lambda master=master: set(survivors) <= set(_answering(master)),
             120,
         )
+
+
+def test_the_returning_old_primary_is_refused_by_epoch(host_set):
+    master1, master2, master3 = (host_set[m] for m in ("master1", "master2", "master3"))
     # master1 comes back with its old config (epoch 1, itself the primary) and the operator's
     # current pillar, as a shared pillar source (git_pillar) serves it.
     before = {m.name: _keys(m) for m in (master2, master3)}
@@ -122,3 +131,30 @@ def test_a_survivor_is_promoted_and_the_old_primary_is_refused(host_set):
         assert "multimaster:epoch is 2, newer than this master's epoch 1" in said, said
         assert "multimaster.orch.add_master" in said, said
     assert {m.name: _keys(m) for m in (master2, master3)} == before
+
+
+def test_a_dead_master_is_removed(host_set):
+    """
+    master3's host dies too; remove_master with multimaster_remove_unreachable takes it out
+    from master2 without its control minion, and minion1 keeps answering master2.
+    """
+    master1, master2, master3 = (host_set[m] for m in ("master1", "master2", "master3"))
+    # master1 is gone for good: its control minion's key leaves every master (else a batch
+    # over '*' would wait for it), as docs/promote.md says.
+    master1.kill_all()
+    master1.sh("ip link set eth0 down")
+    master2.sh("salt-run multimaster.delete master1")
+    master3.kill_all()
+    master3.sh("ip link set eth0 down")
+    master2.sh("sed -i '/id: master3,/d' /srv/pillar/multimaster.sls")
+    removed = master2.sh(REMOVE_DEAD, check=False, timeout=900)
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    section = master2.path("/etc/salt/master.d/multimaster.conf").read_text()
+    assert "10.0.3.232" not in section, section
+    listed = host_set["minion1"].path("/etc/salt/minion.d/multimaster.conf").read_text()
+    assert "10.0.3.232" not in listed and "10.0.3.230" in listed, listed
+    host_set.wait(
+        "minion1 answering master2",
+        lambda: {"master2", "minion1"} <= set(_answering(master2)),
+        120,
+    )
