@@ -370,9 +370,10 @@ def job_to_drain(opts, pid, config_dir):
         The config dir of the master to restart.
     """
     for job in salt.utils.minion.running(opts):
-        if job.get("pid") != pid or not job.get("jid") or not job.get("tgt"):
+        # A salt-call's proc file names the target "salt-call" and has no target type.
+        if job.get("pid") != pid or not all(job.get(k) for k in ("jid", "tgt", "tgt_type")):
             continue
-        tgt, tgt_type = job["tgt"], job.get("tgt_type") or "glob"
+        tgt, tgt_type = job["tgt"], job["tgt_type"]
         if len(json.dumps(tgt)) > DRAIN_TARGET_MAX:
             tgt, tgt_type = "*", "glob"
         drain = {"jid": str(job["jid"]), "tgt": tgt, "tgt_type": tgt_type}

@@ -622,6 +622,7 @@ def test_the_job_to_drain_is_the_one_this_process_runs(monkeypatch):
     jobs = [
         {"pid": 1, "jid": "20261128000000000002", "tgt": "other", "tgt_type": "glob"},
         {"pid": 2, "jid": "20261128000000000001", "tgt": ["m1", "m2"], "tgt_type": "list"},
+        {"pid": 4, "jid": "20261128000000000003", "tgt": "salt-call"},
     ]
     monkeypatch.setattr(multimaster_daemon.salt.utils.minion, "running", lambda opts: jobs)
     drain = multimaster_daemon.job_to_drain({}, 2, "/etc/salt")
@@ -632,8 +633,9 @@ def test_the_job_to_drain_is_the_one_this_process_runs(monkeypatch):
         "config_dir": "/etc/salt",
         "timeout": multimaster_daemon.DRAIN_TIMEOUT,
     }
-    # salt-call runs no published job: nothing to wait for.
+    # salt-call runs no published job: nothing to wait for, whether or not it left a proc file.
     assert multimaster_daemon.job_to_drain({}, 3, "/etc/salt") is None
+    assert multimaster_daemon.job_to_drain({}, 4, "/etc/salt") is None
 
 
 def test_a_target_too_long_for_an_argv_is_drained_as_every_minion(monkeypatch):
