@@ -384,11 +384,18 @@ def pillar_epoch(run, minion_id):
             run.opts, grains or {"fqdn": minion_id}, id_ or minion_id, saltenv="base"
         ).compile_pillar()
     except Exception as exc:  # pylint: disable=broad-except
-        # Any renderer's error: the fence then rests on the peers' challenges alone.
-        log.warning("multimaster: the pillar of %s did not compile: %s", minion_id, exc)
+        # Any renderer's error: the fence then rests on the peers' challenges alone. Only the
+        # error's type is logged: a render error can quote pillar source, secrets included.
+        log.warning(
+            "multimaster: the pillar of %s did not compile (%s)", minion_id, type(exc).__name__
+        )
         return None
     if pillar.get("_errors"):
-        log.warning("multimaster: the pillar of %s has errors: %s", minion_id, pillar["_errors"])
+        log.warning(
+            "multimaster: the pillar of %s has %d render errors (Salt's log names them)",
+            minion_id,
+            len(pillar["_errors"]),
+        )
         return None
     section = pillar.get("multimaster")
     if not isinstance(section, dict):

@@ -119,3 +119,12 @@ def test_pillar_at_this_epoch_or_without_one_lets_the_primary_act(tmp_path, sect
 def test_a_master_not_in_its_own_section_is_not_fenced_by_pillar(tmp_path):
     run = _pillar_run(tmp_path, "multimaster:\n  epoch: 9\n")
     multimaster_control.fence_by_pillar(run, {"epoch": 1, "masters": [{"id": "master7"}]})
+
+
+def test_a_pillar_that_does_not_render_is_not_quoted_in_our_log(tmp_path, caplog):
+    run = _pillar_run(tmp_path, "multimaster:\n  epoch: [\n  password: s3cret-in-pillar\n")
+    with caplog.at_level("WARNING"):
+        multimaster_control.fence_by_pillar(run, OLD_SECTION)
+    ours = [r.getMessage() for r in caplog.records if r.name == multimaster_control.log.name]
+    assert ours and "render errors" in ours[0], ours
+    assert not any("s3cret" in message for message in ours), ours
