@@ -415,3 +415,31 @@ def formula_git():
     root = pathlib.Path(__file__).resolve().parents[1]
     _run(["git", "-C", str(root), "rev-parse", "HEAD"])
     return str(root)
+
+
+# What a user does on the first master of a walk-through: clone the formula (``$FORMULA_GIT``,
+# see ``formula_git``) beside the site's roots and target the ``multimaster`` pillar at all.
+SERVE_FORMULA = """\
+git clone -q "$FORMULA_GIT" /srv/formulas/multimaster-formula
+mkdir -p /srv/salt /srv/pillar
+cat > /etc/salt/master.d/roots.conf <<'YAML'
+file_roots:
+  base: [/srv/salt, /srv/formulas/multimaster-formula]
+pillar_roots:
+  base: [/srv/pillar]
+YAML
+printf "base:\\n  '*': [multimaster]\\n" > /srv/pillar/top.sls
+"""
+
+
+def accept_all(ids_pattern, count):
+    """
+    Shell that restarts the first master, waits for the ``count`` keys whose ids match the
+    extended regex ``ids_pattern`` to be pending, accepts them and waits until all answer.
+    """
+    return f"""\
+systemctl restart salt-master
+until [ "$(salt-key -l un | grep -cxE '({ids_pattern})')" = {count} ]; do sleep 2; done
+salt-key -A -y
+until [ "$(salt '*' test.ping --out=txt | grep -c ': True')" = {count} ]; do sleep 3; done
+"""

@@ -36,9 +36,6 @@ multimaster:
     file_roots: {base: [/srv/salt, /srv/formulas/multimaster-formula]}
     pillar_roots: {base: [/srv/pillar]}
 """
-WAIT_ANSWERS = """
-until [ "$(salt '{tgt}' test.ping --out=txt | grep -c ': True')" = {count} ]; do sleep 3; done
-"""
 
 
 def _first_highstate_returned(master):
@@ -69,25 +66,12 @@ def _accepted(host, minion):
 
 
 PREPARE = f"""
-git clone "$FORMULA_GIT" /srv/formulas/multimaster-formula
-mkdir -p /srv/salt /srv/pillar
-cat > /etc/salt/master.d/roots.conf <<'YAML'
-file_roots:
-  base: [/srv/salt, /srv/formulas/multimaster-formula]
-pillar_roots:
-  base: [/srv/pillar]
-YAML
-printf "base:\\n  '*': [multimaster]\\n" > /srv/pillar/top.sls
-# The site's highstate: minion3 counts its runs.
+{nshosts.SERVE_FORMULA}# The site's highstate: minion3 counts its runs.
 printf "base:\\n  minion3: [counted]\\n" > /srv/salt/top.sls
 printf "/srv/highstates:\\n  file.append:\\n    - text: highstate\\n" > /srv/salt/counted.sls
 cat > /srv/pillar/multimaster.sls <<'YAML'
 {PILLAR}YAML
-systemctl restart salt-master
-until [ "$(salt-key -l un | grep -cxE '(master[12]|minion1)')" = 3 ]; do sleep 2; done
-salt-key -A -y
-{WAIT_ANSWERS.format(tgt="*", count=3)}
-"""
+{nshosts.accept_all("master[12]|minion1", 3)}"""
 BUILD = """
 salt '*' saltutil.sync_all && salt-run saltutil.sync_all
 salt 'master*' state.apply multimaster.master

@@ -31,22 +31,9 @@ multimaster:
     pillar_roots: {base: [/srv/pillar]}
 """
 PREPARE = f"""
-git clone "$FORMULA_GIT" /srv/formulas/multimaster-formula
-mkdir -p /srv/salt /srv/pillar
-cat > /etc/salt/master.d/roots.conf <<'YAML'
-file_roots:
-  base: [/srv/salt, /srv/formulas/multimaster-formula]
-pillar_roots:
-  base: [/srv/pillar]
-YAML
-printf "base:\\n  '*': [multimaster]\\n" > /srv/pillar/top.sls
-cat > /srv/pillar/multimaster.sls <<'YAML'
+{nshosts.SERVE_FORMULA}cat > /srv/pillar/multimaster.sls <<'YAML'
 {PILLAR}YAML
-systemctl restart salt-master
-until [ "$(salt-key -l un | grep -cxE '(master[123]|minion1)')" = 4 ]; do sleep 2; done
-salt-key -A -y
-until [ "$(salt '*' test.ping --out=txt | grep -c ': True')" = 4 ]; do sleep 3; done
-"""
+{nshosts.accept_all("master[123]|minion1", 4)}"""
 BUILD = """
 salt '*' saltutil.sync_all && salt-run saltutil.sync_all
 salt 'master*' state.apply multimaster.master
