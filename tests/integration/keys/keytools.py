@@ -197,11 +197,15 @@ def salt_cmd(master, tgt, fun, *args, timeout=10, list_tgt=False):
     return {}
 
 
-def pingers(master, timeout=10):
+def pingers(master, among, timeout=10):
     """
-    The minions that answer ``salt '*' test.ping`` from ``master``.
+    The minions of ``among`` (the ids of the running minions) that answer ``test.ping`` from
+    ``master``. Naming them, not ``*``, lets the CLI return once they have answered: ``*``
+    also waits ``timeout`` plus ``gather_job_timeout`` for the planted keys, which have no
+    daemon and cannot answer anyway.
     """
-    return sorted(m for m, r in salt_cmd(master, "*", "test.ping", timeout=timeout).items() if r)
+    returns = salt_cmd(master, ",".join(among), "test.ping", timeout=timeout, list_tgt=True)
+    return sorted(m for m, r in returns.items() if r is True)
 
 
 # --- processes -------------------------------------------------------------------------------

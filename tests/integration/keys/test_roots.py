@@ -32,7 +32,7 @@ def cluster(shared_key_cluster):
     master1.start(start_timeout=START_TIMEOUT)
     control = [c.id for c in shared_key_cluster.control]
     harness.wait_for(
-        lambda: keytools.pingers(master1, timeout=5) == sorted(control),
+        lambda: keytools.pingers(master1, control, timeout=5) == sorted(control),
         120,
         what="the control minions answering master1 again",
     )
