@@ -435,11 +435,16 @@ printf "base:\\n  '*': [multimaster]\\n" > /srv/pillar/top.sls
 def accept_all(ids_pattern, count):
     """
     Shell that restarts the first master, waits for the ``count`` keys whose ids match the
-    extended regex ``ids_pattern`` to be pending, accepts them and waits until all answer.
+    extended regex ``ids_pattern`` to be pending, accepts them by name and waits until all
+    answer. By name, not ``salt-key -A``: Salt writes a pending key through a temporary file
+    in ``minions_pre`` (``localfs_key.store``), which ``-A`` would accept as a minion.
     """
     return f"""\
 systemctl restart salt-master
 until [ "$(salt-key -l un | grep -cxE '({ids_pattern})')" = {count} ]; do sleep 2; done
-salt-key -A -y
+until [ "$(salt-key -l acc | grep -cxE '({ids_pattern})')" = {count} ]; do
+  for id in $(salt-key -l un | grep -xE '({ids_pattern})'); do salt-key -a "$id" -y >/dev/null; done
+  sleep 1
+done
 until [ "$(salt '*' test.ping --out=txt | grep -c ': True')" = {count} ]; do sleep 3; done
 """

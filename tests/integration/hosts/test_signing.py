@@ -49,7 +49,7 @@ PREPARE = """
 git clone "$FORMULA_GIT" /srv/formulas/multimaster-formula
 mkdir -p /srv/salt
 until [ "$(salt-key -l un | grep -cxE '(master[12]|minion1)')" = 3 ]; do sleep 2; done
-salt-key -A -y
+salt-key -a 'master[12]' -y && salt-key -a minion1 -y
 until [ "$(salt '*' test.ping --out=txt | grep -c ': True')" = 3 ]; do sleep 3; done
 salt '*' saltutil.sync_all && salt-run saltutil.sync_all
 salt 'master*' state.apply multimaster.master
