@@ -6,7 +6,8 @@ holding this minion's own (accepted) keypair and the *intended* master public ke
 ``minion_master.pub``: the minion encrypts its token to that key,
 so the sign-in only succeeds if the master holds the matching private key and serves the same
 public key. With ``sign_pub``, the master's signature over its public key is checked as well
-(failover with ``master_sign_pubkey``).
+(``master_sign_pubkey``); then Salt accepts any key the signing pair signed, so the key the
+sign-in stored is compared with the intended one too.
 """
 
 import os
@@ -69,9 +70,23 @@ def _sign_in(minion_opts, host, port, master_pub=None, sign_pub=None, timeout=10
                 served = fh_.read()
         if not isinstance(creds, dict) or not creds.get("aes"):
             return False, f"sign-in refused: {creds!r}", served
+        if sign_pub and not _same_key(served, master_pub):
+            # A minion that verifies signatures takes any key the signing pair signed, and
+            # Salt then checks the reply against that key: the sign-in alone proves no key.
+            return False, "the master serves another key signed by the signing pair", served
         return True, "ok", served
     finally:
         shutil.rmtree(pki, ignore_errors=True)
+
+
+def _same_key(served, intended):
+    """
+    Whether ``served`` (what the sign-in stored as the master's key) is ``intended``, compared
+    as Salt compares master keys (``clean_key``).
+    """
+    if not served or not intended:
+        return False
+    return salt.crypt.clean_key(served) == salt.crypt.clean_key(intended)
 
 
 def served_key(minion_opts, host, port, timeout=10):
