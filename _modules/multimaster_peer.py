@@ -3,8 +3,8 @@ The master-host side of the ``multimaster`` runners: key inventory, key actions,
 install, served-key checks and reports, run by a master's control minion. Each function is a
 few lines over its plane's library in ``_utils`` (``multimaster_keystore``,
 ``multimaster_keywrite``, ``multimaster_clustersync``, ``multimaster_masterkey``,
-``multimaster_status``; the roots plane's ``multimaster_manifest`` and ``multimaster_roots``),
-which own both ends of their plane's wire contract.
+``multimaster_rotation``, ``multimaster_status``; the roots plane's ``multimaster_manifest``
+and ``multimaster_roots``), which own both ends of their plane's wire contract.
 
 Grant this module to no publisher ACL: only the ``multimaster`` runners call it, and it trusts
 no caller (``docs/security.md``). Paths come from this minion's own pillar entry, never from
@@ -26,6 +26,7 @@ try:
     import multimaster_manifest
     import multimaster_masterkey
     import multimaster_roots
+    import multimaster_rotation
     import multimaster_saltcompat
     import multimaster_seal
     import multimaster_settings
@@ -346,6 +347,22 @@ def ping_minions(timeout=5):
     """
     master, _ = _local()
     return multimaster_status.ping_minions(master["config_dir"], timeout)
+
+
+@_signed_answer
+def minions_verifying(timeout=5):
+    """
+    ``{"minions": {id: verifies}}``: the minions that answer this host's master, and whether
+    each verifies a signed master key (``rotate_master_key`` refuses to cut one off).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master2 multimaster_peer.minions_verifying
+    """
+    master, _ = _local()
+    return {"minions": multimaster_rotation.minions_verifying(master["config_dir"], timeout)}
 
 
 @_signed_answer

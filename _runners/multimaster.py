@@ -27,6 +27,7 @@ try:
     import multimaster_masterkey
     import multimaster_reactions
     import multimaster_rootsync
+    import multimaster_rotation
     import multimaster_settle
     import multimaster_status
 
@@ -369,6 +370,41 @@ def sync_master_key(test=False, masters=None, timeout=180):
     """
     return multimaster_masterkey.sync_master_key(
         _run(), test=test, masters=masters, timeout=timeout
+    )
+
+
+def rotate_master_key(generation=None, test=False, skip_unanswered=False, timeout=180):
+    """
+    Give every master a new master key with no minion restarted (mode ``failover`` with
+    ``signing:enabled``: each master its own key, signed by the pair every minion trusts).
+    Refused before any change when a minion does not verify signed keys or answers no master.
+    The primary makes each pair and seals it to that master's control minion; each master is
+    stopped for the swap and started again once, the primary last. Then every master's new key
+    is proven by a signature-verifying sign-in from another master's control minion. The
+    generation is recorded (public fingerprints only): a re-run resumes, or changes nothing.
+
+    generation
+        The number of this rotation: 1 for the first, one more for each later one.
+
+    test
+        Return the masters that would get a new key; change nothing.
+
+    skip_unanswered
+        Go ahead although accepted minions answer no master (down or gone): each must verify
+        signed keys, or it refuses every master when it comes back.
+
+    timeout
+        Seconds to wait for each master's install (stop, store, restart, sign-in).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.rotate_master_key generation=1 test=True
+        salt-run multimaster.rotate_master_key generation=1
+    """
+    return multimaster_rotation.rotate_master_key(
+        _run(), generation, test=test, skip_unanswered=skip_unanswered, timeout=timeout
     )
 
 

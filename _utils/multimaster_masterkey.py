@@ -19,6 +19,7 @@ import multimaster_keys
 import multimaster_keystore
 import multimaster_keysync
 import multimaster_masterkeyfiles
+import multimaster_pillarcheck
 import multimaster_seal
 import multimaster_transport
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -68,11 +69,13 @@ def served_report(minion_opts, host, port, pub, sign_pub=None, timeout=60):
 
 def served_args(mopts, pub, signing):
     """
-    ``(pub, sign_pub)`` a sign-in must prove: the master's own key, and in signing mode the
-    signing pair too.
+    ``(pub, sign_pub)`` a sign-in must prove: the master's own key, and where the master signs
+    (the signing pair delivered, or a master key of a set that signs) its signature too.
     """
     if signing:
         return multimaster_masterkeyfiles.read_master_key(mopts), pub
+    if mopts.get("master_sign_pubkey"):
+        return pub, multimaster_masterkeyfiles.read_master_key(mopts, signing=True)
     return pub, None
 
 
@@ -184,7 +187,7 @@ def recipient_problem(run, master, inventories, planning=False):
     return None
 
 
-def _key_plan(run, section, signing, timeout):
+def key_plan(run, section, signing, timeout):
     """
     What each master stores now; refuse what must not go ahead. Returns ``(plan, errors)``.
     """
@@ -203,12 +206,7 @@ def _key_plan(run, section, signing, timeout):
             f"{primary}"
         )
     if signing:
-        configured = multimaster_keys.fingerprint(section["signing"].get("public_key", ""))
-        if configured != intended:
-            raise multimaster_control.Refused(
-                f"multimaster:signing:public_key has fingerprint {configured}, but the "
-                f"primary's signing pair is {intended}: minions would refuse every master"
-            )
+        check_signing_key(run, section)
     stored = {m: multimaster_keys.fingerprint(i.get("pub") or "") for m, i in info.items()}
     plan = {
         "intended": intended,
@@ -259,7 +257,7 @@ def _deliver(run, section, master, plan, signing, timeout):
     }
 
 
-def _verify_all(run, section, ret, plan, signing, timeout):
+def verify_all(run, section, ret, plan, signing, timeout):
     """
     Every master proves, by a sign-in, that it serves the intended key (the shared one, or in
     signing mode its own key signed by the shared signing pair). The sign-in comes from the
@@ -276,7 +274,8 @@ def _verify_all(run, section, ret, plan, signing, timeout):
             # Each master keeps its own key in signing mode: the one it reported before.
             pub, sign_pub = plan["info"].get(master["id"], {}).get("own_pub"), plan["pub"]
         else:
-            pub, sign_pub = plan["pub"], None
+            # A set that signs (hot): the shared key, signed by the shared signing pair.
+            pub, sign_pub = plan["pub"], plan.get("sign_pub")
         answers, errors = multimaster_control.call(
             run,
             section,
@@ -293,10 +292,39 @@ def _verify_all(run, section, ret, plan, signing, timeout):
             report["reason"] = verified.get("reason") or errors.get(verifier)
 
 
+def shared_pairs(section):
+    """
+    The pairs the masters of ``section`` share, in the order they are delivered (``True`` for
+    the signing pair): failover with signing shares the signing pair only (each master keeps
+    its own key), hot with signing the signing pair and the master key, else the master key.
+    """
+    if uses_signing(section):
+        return [True]
+    if multimaster_pillarcheck.signs(section):
+        # The signing pair first: a master key is then proven with the shared signature.
+        return [True, False]
+    return [False]
+
+
+def check_signing_key(run, section):
+    """
+    Refuse when ``multimaster:signing:public_key`` is not the public half of the signing pair
+    this master holds: every minion would refuse every master.
+    """
+    _, public = _local_pair(run, True)
+    intended = multimaster_keys.fingerprint(public or "")
+    configured = multimaster_keys.fingerprint(section["signing"].get("public_key", ""))
+    if configured != intended:
+        raise multimaster_control.Refused(
+            f"multimaster:signing:public_key has fingerprint {configured}, but the "
+            f"primary's signing pair is {intended}: minions would refuse every master"
+        )
+
+
 def sync_master_key(run, test=False, masters=None, timeout=180):
     """
-    The ``sync_master_key`` runner: plan, then (unless ``test``) deliver the primary's pair to
-    every stale master and verify what every master serves.
+    The ``sync_master_key`` runner: plan, then (unless ``test``) deliver the primary's pair (or
+    pairs: ``shared_pairs``) to every stale master and verify what every master serves.
     """
     try:
         section = multimaster_control.acting(
@@ -304,11 +332,33 @@ def sync_master_key(run, test=False, masters=None, timeout=180):
             multimaster_control.configured(run, masters, "sync_master_key"),
             "sync_master_key",
         )
-        signing = uses_signing(section)
+        pairs = shared_pairs(section)
+        if True in pairs:
+            check_signing_key(run, section)
         multimaster_control.await_restarts(run, section)
-        plan, errors = _key_plan(run, section, signing, timeout)
     except SaltInvocationError as exc:
         return multimaster_control.refused(run, exc)
+    if len(pairs) > 1:
+        # Hot with signing: the signing pair, then the master key (reported at the top).
+        signing_pair, failed = _sync_pair(run, section, True, test, timeout)
+        if failed:
+            return multimaster_control.finish(run, {"signing_pair": signing_pair}, True)
+    ret, failed = _sync_pair(run, section, pairs[-1], test, timeout)
+    if len(pairs) > 1:
+        ret["signing_pair"] = signing_pair
+    return multimaster_control.finish(run, ret, failed)
+
+
+def _sync_pair(run, section, signing, test, timeout):
+    """
+    ``(report, failed)`` of delivering one shared pair (the signing pair with ``signing``).
+    """
+    try:
+        plan, errors = key_plan(run, section, signing, timeout)
+    except SaltInvocationError as exc:
+        return {"comment": f"Refused, nothing changed: {exc}"}, True
+    if not signing and multimaster_pillarcheck.signs(section):
+        plan["sign_pub"] = _local_pair(run, True)[1]
     ret = {"masters": {}, "signing": signing, "fingerprint": plan["intended"]}
     ret["salt_finger"] = plan["salt_finger"]
     for master, error in errors.items():
@@ -318,11 +368,10 @@ def sync_master_key(run, test=False, masters=None, timeout=180):
             ret["masters"][master] = {"result": True, "changed": False}
     if test:
         _plan_stale(run, section, ret, plan)
-        return multimaster_control.finish(run, ret, bool(errors))
+        return ret, bool(errors)
     _deliver_stale(run, section, ret, plan, signing, timeout)
-    _verify_all(run, section, ret, plan, signing, timeout)
-    failed = any(r.get("result") is False for r in ret["masters"].values())
-    return multimaster_control.finish(run, ret, failed)
+    verify_all(run, section, ret, plan, signing, timeout)
+    return ret, any(r.get("result") is False for r in ret["masters"].values())
 
 
 def _plan_stale(run, section, ret, plan):

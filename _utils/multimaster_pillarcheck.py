@@ -161,14 +161,17 @@ def check_pillar(pillar):
     mode = pillar.get("mode", "hot")
     if mode not in MODES:
         _fail("mode", mode, "one of " + ", ".join(MODES))
-    if mode != "failover":
-        for key in ("failover", "signing"):
-            if key in pillar:
-                _fail(
-                    key,
-                    pillar[key],
-                    f"no '{key}' section with mode {mode!r} (it only applies to mode 'failover')",
-                )
+    # Signing applies where minions sign in to the masters themselves: hot and failover.
+    applies = {"failover": ("failover",), "signing": ("failover", "hot")}
+    for key, modes in applies.items():
+        if key in pillar and mode not in modes:
+            _fail(
+                key,
+                pillar[key],
+                f"no '{key}' section with mode {mode!r} (it applies to mode "
+                + " and ".join(repr(m) for m in modes)
+                + ")",
+            )
     share = pillar.get("max_revoke_share", 0.1)
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
         _fail("max_revoke_share", share, "a number > 0 and <= 1 (a share of accepted keys)")
@@ -180,6 +183,16 @@ def check_pillar(pillar):
         _check_master(index, master, seen)
     _check_primary(pillar.get("primary"), [m["id"] for m in masters])
     _check_epoch(pillar.get("epoch", 1))
+
+
+def signs(settings):
+    """
+    Whether the masters of ``settings`` (merged settings or a runner section) sign their key
+    with a shared signing pair that every minion verifies (``signing:enabled``, mode hot or
+    failover).
+    """
+    signing = settings.get("signing") or {}
+    return settings["mode"] in ("hot", "failover") and bool(signing.get("enabled"))
 
 
 def _check_primary(primary, ids):

@@ -162,7 +162,9 @@ def runner_section(settings):
     """
     keys = ["mode", "ports", "masters", "primary", "epoch", "manage_services", "max_revoke_share"]
     if settings["mode"] == "failover":
-        keys += ["failover", "signing"]
+        keys += ["failover"]
+    if settings["mode"] != "cluster":
+        keys += ["signing"]
     section = {key: copy.deepcopy(settings[key]) for key in keys}
     if settings["mode"] == "cluster":
         # The secret stays in its own 0600 file: the runners never need it.
@@ -324,7 +326,7 @@ def master_config(settings, master, own=None):
         **(section["acl"].get("peer_run") or {}),
         **pull_acl(settings),
     }
-    if settings["mode"] == "failover" and settings["signing"]["enabled"]:
+    if multimaster_pillarcheck.signs(settings):
         config["master_sign_pubkey"] = True
     if settings["sse"]["enabled"]:
         config["sseapi_cluster_id"] = settings["sse"]["cluster_id"]
@@ -394,8 +396,8 @@ def minion_config(settings, local_master=None):
                 "random_reauth_delay": failover["random_reauth_delay"],
             }
         )
-        if settings["signing"]["enabled"]:
-            config["verify_master_pubkey_sign"] = True
+    if multimaster_pillarcheck.signs(settings):
+        config["verify_master_pubkey_sign"] = True
     if minion["ipc_mode"] == "tcp":
         # Salt 3008 runs one minion event bus for all master connections: one port pair.
         config.update(

@@ -11,7 +11,7 @@ multimaster-minion-clean-config-file-absent:
 multimaster-minion-clean-first-highstate-mark-absent:
   file.absent:
     - name: {{ local.first_highstate_mark }}
-{%- set signing = mapdata.mode == "failover" and mapdata.signing.enabled %}
+{%- set signing = mapdata.mode != "cluster" and mapdata.signing.enabled %}
 {%- if signing %}
 
 multimaster-minion-clean-signing-pubkey-absent:

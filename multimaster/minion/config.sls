@@ -13,7 +13,7 @@ multimaster-minion-config-file-managed:
     - serializer: yaml
     - mode: '0644'
     - makedirs: true
-{%- if mapdata.mode == "failover" and mapdata.signing.enabled %}
+{%- if mapdata.mode != "cluster" and mapdata.signing.enabled %}
 
 multimaster-minion-config-signing-pubkey-managed:
   file.managed:

@@ -14,7 +14,7 @@ multimaster-minion-service-restarted:
     - service: {{ mapdata.lookup.minion.service }}
     - onchanges:
       - file: multimaster-minion-config-file-managed
-{%-   if mapdata.mode == "failover" and mapdata.signing.enabled %}
+{%-   if mapdata.mode != "cluster" and mapdata.signing.enabled %}
       - file: multimaster-minion-config-signing-pubkey-managed
 {%-   endif %}
 {%- else %}

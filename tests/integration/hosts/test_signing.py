@@ -12,9 +12,11 @@ signing pair made by ``salt-key --gen-keys``; every minion starts verifying, wit
 pair of its own until ``sync_master_key`` replaces it.
 """
 
+import itertools
 import json
 import os
 import pathlib
+import threading
 import time
 
 import pytest
@@ -236,3 +238,247 @@ def test_failover_minion_verifies_each_master_and_moves_to_master2(signing_set, 
         f"4 x alive_interval = {SALT_BOUND}s)"
     )
     assert answered <= FAILOVER_BOUND
+
+
+def run_json(master, command, timeout=900):
+    """
+    ``(returncode, report)`` of a ``salt-run ... --out=json`` on ``master`` (the report is the
+    last JSON document printed: progress events come before it).
+    """
+    ret = master.sh(f"{command} --out=json", check=False, timeout=timeout)
+    text = "\n" + ret.stdout
+    assert "\n{" in text, ret.stdout + ret.stderr
+    return ret.returncode, json.loads(text[text.rindex("\n{") :])
+
+
+class Pinger:
+    """
+    Pings ``minion`` once a second from each master, in one thread per master: a failover
+    minion answers the one master it is connected to. ``outages()`` are the runs of seconds no
+    master got an answer.
+    """
+
+    def __init__(self, masters, minion):
+        self.masters, self.minion = masters, minion
+        self.answered, self.ticks = [], []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._ping, args=(m,)) for m in masters]
+
+    def _ping(self, master):
+        while not self.stop.is_set():
+            began = time.monotonic()
+            if answers(master, self.minion, timeout=2):
+                self.answered.append(began)
+            self.ticks.append(began)
+            self.stop.wait(max(0.0, 1.0 - (time.monotonic() - began)))
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join()
+
+    def longest_outage(self):
+        """
+        The longest time, in seconds, between two answers from any master.
+        """
+        times = sorted(self.answered)
+        return max((b - a for a, b in itertools.pairwise(times)), default=float("inf"))
+
+
+def pem_body(pem):
+    """
+    The first base64 line of a PEM: enough to find the key in any file that holds it.
+    """
+    return pem.strip().splitlines()[1]
+
+
+def files_holding(host, needle, places=("/etc/salt", "/var/cache/salt", "/var/log/salt", "/run")):
+    """
+    The files under ``places`` on ``host`` whose bytes contain ``needle``.
+    """
+    found = []
+    for place in places:
+        for path in host.path(place).rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                try:
+                    if needle.encode() in path.read_bytes():
+                        found.append(str(path))
+                except OSError:
+                    continue
+    return found
+
+
+# Pings no master answered while the masters restart, one after the other: each restart takes
+# a master away for a few seconds, and a failover minion on it moves on within Salt's bound
+# (4 x alive_interval) or signs in to it again when it is back. Measured: docs/rotation.md.
+ROTATION_OUTAGE_BOUND = FAILOVER_BOUND
+
+
+def test_a_minion_that_does_not_verify_signed_keys_stops_the_rotation(signing_set):
+    """
+    A minion set not to verify signed keys cannot sign in to a master that signs (Salt refuses
+    it), so it answers no master: the rotation is refused before any change, naming it and the
+    command that prepares it.
+    """
+    master1, master2 = signing_set["master1"], signing_set["master2"]
+    minion1 = signing_set["minion1"]
+    master1.sh("systemctl start salt-master && salt-run multimaster.wait_masters")
+    before = {m.name: master_files(m) for m in (master1, master2)}
+    plain = minion1.path("/etc/salt/minion.d/zz-plain.conf")
+    plain.write_text("verify_master_pubkey_sign: False\n")
+    try:
+        minion1.sh("systemctl restart salt-minion")
+        signing_set.wait(
+            "minion1 to be refused by the masters that sign",
+            lambda: "signature verification is not enabled" in minion1.log("minion", tail=200),
+            60,
+            1,
+        )
+        code, data = run_json(master1, "salt-run multimaster.rotate_master_key generation=1")
+        assert code != 0 and "minion1" in data["comment"], data
+        assert "multimaster.minion" in data["comment"], data
+    finally:
+        plain.unlink()
+        minion1.sh("systemctl restart salt-minion")
+    assert {m.name: master_files(m) for m in (master1, master2)} == before
+    signing_set.wait(
+        "minion1 to answer a master again",
+        lambda: answers(master1, "minion1") or answers(master2, "minion1"),
+        60,
+        1,
+    )
+
+
+def test_rotation_gives_every_master_a_new_key_and_no_minion_restarts(signing_set, record_property):
+    """
+    ``rotate_master_key``: ``test=True`` changes nothing; the rotation gives master2 and then
+    master1 a new key each, signed by the pair every minion trusts, while minion1 is pinged
+    from both masters: it is never restarted, answers through it, and has taken the new key of
+    the master it is on. The old private keys are in no file on any host; a re-run is a no-op.
+    """
+    master1, master2 = signing_set["master1"], signing_set["master2"]
+    minion1 = signing_set["minion1"]
+    masters = (master1, master2)
+    before = {m.name: master_files(m) for m in masters}
+    code, data = run_json(master1, "salt-run multimaster.rotate_master_key generation=1 test=True")
+    assert code == 0 and data["rotated"] == ["master2", "master1"], data
+    assert {m.name: master_files(m) for m in masters} == before
+
+    pid = minion_pid(minion1)
+    started = time.monotonic()
+    with Pinger(masters, "minion1") as pinger:
+        code, data = run_json(master1, "salt-run multimaster.rotate_master_key generation=1")
+        signing_set.wait(
+            "minion1 to answer after the rotation",
+            lambda: pinger.answered and pinger.answered[-1] > time.monotonic() - 3,
+            60,
+            1,
+        )
+    took = time.monotonic() - started
+    assert code == 0, data
+    assert data["rotated"] == ["master2", "master1"], data
+    assert all(r["result"] is True for r in data["masters"].values()), data
+    after = {m.name: master_files(m) for m in masters}
+    for name in ("master1", "master2"):
+        assert after[name]["master.pub"] != before[name]["master.pub"], name
+        assert after[name]["master_sign.pub"] == before[name]["master_sign.pub"], name
+    assert minion_pid(minion1) == pid, "minion1 was restarted"
+    cached = minion1.path(f"{MINION_PKI}/minion_master.pub").read_text().strip()
+    assert cached in {after[n]["master.pub"].strip() for n in after}, "minion1 kept an old key"
+    outage = pinger.longest_outage()
+    record_property("rotation_longest_outage_seconds", round(outage, 1))
+    print(
+        f"\nrotation of 2 masters: {took:.0f}s; minion1 answered {len(pinger.answered)} of "
+        f"{len(pinger.ticks)} pings (both masters), longest time without an answer "
+        f"{outage:.1f}s"
+    )
+    assert outage <= ROTATION_OUTAGE_BOUND
+    for name, files in before.items():
+        body = pem_body(files["master.pem"])
+        for host in signing_set:
+            assert not files_holding(host, body), f"{name}'s old key left on {host.name}"
+
+    code, data = run_json(master1, "salt-run multimaster.rotate_master_key generation=1")
+    assert code == 0 and data["rotated"] == [], data
+    assert "nothing changed" in data["comment"], data
+    assert {m.name: master_files(m) for m in masters} == after
+
+
+# A hot minion misses the pings of a master only while that master restarts (measured:
+# docs/rotation.md); its other master answers throughout.
+HOT_MISSED_BOUND = 4
+
+
+def test_a_hot_set_that_signs_rotates_its_shared_key(signing_set, record_property):
+    """
+    The set becomes hot, still signing: ``sync_master_key`` gives master2 master1's key, and
+    minion1 becomes a hot minion that verifies. ``rotate_master_key generation=2`` then gives
+    both masters one new key while minion1 is pinged from each master once a second: minion1 is
+    never restarted, misses each master's pings only while that master restarts, and holds the
+    new shared key.
+    """
+    master1, master2 = signing_set["master1"], signing_set["master2"]
+    minion1 = signing_set["minion1"]
+    pillar = yaml.safe_load(master1.path("/srv/pillar/multimaster.sls").read_text())
+    pillar["multimaster"]["mode"] = "hot"
+    del pillar["multimaster"]["failover"]
+    master1.path("/srv/pillar/multimaster.sls").write_text(yaml.safe_dump(pillar))
+    master1.sh(
+        "salt 'master*' state.apply multimaster.master && salt-run multimaster.wait_masters"
+        " && salt-run multimaster.sync_master_key && salt-run multimaster.wait_masters",
+        timeout=900,
+    )
+    assert master_files(master2)["master.pub"] == master_files(master1)["master.pub"]
+    pid = minion_pid(minion1)
+    master1.sh("salt minion1 state.apply multimaster.minion")
+    signing_set.wait(
+        "minion1 to restart as a hot minion",
+        lambda: minion_pid(minion1) not in (None, pid),
+        60,
+        0.5,
+    )
+    signing_set.wait(
+        "minion1 to answer both masters",
+        lambda: answers(master1, "minion1") and answers(master2, "minion1"),
+        90,
+        1,
+    )
+    conf = yaml.safe_load(minion1.path("/etc/salt/minion.d/multimaster.conf").read_text())
+    assert conf["verify_master_pubkey_sign"] is True and conf["master_type"] == "str", conf
+
+    before = master_files(master1)["master.pub"]
+    pid = minion_pid(minion1)
+    pingers = {m.name: Pinger([m], "minion1") for m in (master1, master2)}
+    for pinger in pingers.values():
+        pinger.__enter__()
+    started = time.monotonic()
+    try:
+        code, data = run_json(master1, "salt-run multimaster.rotate_master_key generation=2")
+        took = time.monotonic() - started
+        signing_set.wait(
+            "minion1 to answer both masters after the rotation",
+            lambda: answers(master1, "minion1") and answers(master2, "minion1"),
+            60,
+            1,
+        )
+    finally:
+        for pinger in pingers.values():
+            pinger.__exit__()
+    assert code == 0 and data["rotated"] == ["master2", "master1"], data
+    after = {m.name: master_files(m) for m in (master1, master2)}
+    assert after["master1"]["master.pub"] == after["master2"]["master.pub"] != before
+    assert minion_pid(minion1) == pid, "minion1 was restarted"
+    cached = minion1.path(f"{MINION_PKI}/minion_master.pub").read_text().strip()
+    assert cached == after["master1"]["master.pub"].strip()
+    missed = {n: len(p.ticks) - len(p.answered) for n, p in pingers.items()}
+    record_property("hot_rotation_missed_pings", json.dumps(missed))
+    print(
+        f"\nhot rotation of 2 masters: {took:.0f}s; pings missed per master "
+        + ", ".join(f"{n} {missed[n]} of {len(p.ticks)}" for n, p in pingers.items())
+    )
+    assert all(count <= HOT_MISSED_BOUND for count in missed.values()), missed

@@ -204,7 +204,7 @@ CASES = {
         pillar(mode="hot", failover={"alive_interval": 10}),
         "failover",
         js({"alive_interval": 10}),
-        "no 'failover' section with mode 'hot' (it only applies to mode 'failover')",
+        "no 'failover' section with mode 'hot' (it applies to mode 'failover')",
     ),
     "failover-in-default-mode": (
         pillar(failover={"failback": True}),
@@ -223,11 +223,16 @@ CASES = {
         js({"shuffle": True}),
         "no 'failover' section with mode 'cluster'",
     ),
-    "signing-in-hot": (
-        pillar(mode="hot", signing={"enabled": True, "public_key": PEM}),
+    "signing-in-cluster": (
+        pillar(
+            mode="cluster",
+            masters=[CM1, CM2],
+            cluster={"id": "c1", "balancer": "lb"},
+            signing={"enabled": True, "public_key": PEM},
+        ),
         "signing",
         js({"enabled": True, "public_key": PEM}),
-        "no 'signing' section with mode 'hot'",
+        "no 'signing' section with mode 'cluster' (it applies to mode 'failover' and 'hot')",
     ),
     "signing-enabled-not-a-bool": (
         failover(signing={"enabled": "true"}),

@@ -200,6 +200,21 @@ def test_failover_with_signing_configs(defaults):
     assert master["multimaster"]["signing"] == {"enabled": True, "public_key": PEM}
 
 
+def test_hot_with_signing_signs_and_verifies_the_shared_key(defaults):
+    settings = build(defaults, mode="hot", signing={"enabled": True, "public_key": PEM})
+    minion = ms.minion_config(settings)
+    assert minion["verify_master_pubkey_sign"] is True and minion["master_type"] == "str"
+    master = ms.master_config(settings, settings["masters"][0])
+    assert master["master_sign_pubkey"] is True
+    assert master["multimaster"]["signing"] == {"enabled": True, "public_key": PEM}
+
+
+def test_hot_without_signing_neither_signs_nor_verifies(defaults):
+    settings = build(defaults, mode="hot")
+    assert "verify_master_pubkey_sign" not in ms.minion_config(settings)
+    assert "master_sign_pubkey" not in ms.master_config(settings, settings["masters"][0])
+
+
 def test_cluster_minions_know_only_the_balancer(defaults):
     settings = build(
         defaults,

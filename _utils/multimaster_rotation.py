@@ -1,0 +1,408 @@
+"""
+The rotation plane: a new master key on every master of a set that signs, no minion touched.
+
+A minion with ``verify_master_pubkey_sign`` takes a *changed* master key when the master's
+signature over it verifies with the ``master_sign.pub`` it trusts (Salt's
+``verify_signing_master``). So a set whose masters share a signing pair (``signing:enabled``,
+mode ``hot`` or ``failover``) can change every master key: the primary makes a fresh pair for
+each master (one for all in mode hot, whose masters share their key), seals it to that
+master's control minion (the master-key plane's envelope), and each master is stopped for the
+swap and started again once, the primary last, from this runner's own process. Every master's
+new key is then proven by a real, signature-verifying sign-in from another master's control
+minion, which was never restarted.
+
+The peer side is ``minions_verifying``: which minions reached by a master verify signed keys.
+The runner side refuses before any change when a minion would be cut off (it does not verify,
+or it answers no master) and keeps one record per rotation (``generation``: only public
+fingerprints) in the primary's ``pki_dir``, so that a re-run resumes or is a no-op.
+"""
+
+import json
+import os
+
+import multimaster_control
+import multimaster_daemon
+import multimaster_keys
+import multimaster_keystore
+import multimaster_keysync
+import multimaster_masterkey
+import multimaster_masterkeyfiles
+import multimaster_pillarcheck
+import multimaster_seal
+import multimaster_settle
+import salt.client
+import salt.key
+import salt.utils.atomicfile
+import salt.utils.files
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from salt.exceptions import SaltInvocationError
+
+RECORD = "multimaster_rotation.json"
+PREPARE = (
+    "apply multimaster.minion to them with multimaster:signing:enabled in pillar (docs/rotation.md)"
+)
+
+# --- peer side (run by a control minion) ---------------------------------------------------
+
+
+def minions_verifying(config_dir, timeout=5):
+    """
+    ``{minion id: verifies}`` for the minions that answer the master of ``config_dir``:
+    whether each takes only a master key signed by the pair it trusts
+    (``verify_master_pubkey_sign``). What a minion says of itself is only its own risk: one
+    that says yes and does not verify cuts itself off.
+    """
+    with salt.client.get_local_client(os.path.join(config_dir, "master")) as client:
+        returns = client.cmd(
+            "*",
+            "config.get",
+            ["verify_master_pubkey_sign"],
+            timeout=int(timeout),
+            full_return=True,
+        )
+    # Salt lists a targeted minion that did not return as False, or as a "no_return" entry.
+    return {
+        minion: ret["ret"] is True
+        for minion, ret in (returns or {}).items()
+        if isinstance(ret, dict) and "ret" in ret and ret.get("out") != "no_return"
+    }
+
+
+def check_verifying(answer):
+    """
+    ``answer`` of ``minions_verifying`` as the runner uses it: ``{"minions": {id: bool}}``.
+    """
+    minions = answer["minions"]
+    if not isinstance(minions, dict) or not all(
+        isinstance(k, str) and isinstance(v, bool) for k, v in minions.items()
+    ):
+        raise ValueError("minions is not a map of minion ids to true/false")
+    return answer
+
+
+# --- runner side -----------------------------------------------------------------------------
+
+
+def signs(section):
+    """
+    Whether the masters of ``section`` share a signing pair that minions verify.
+    """
+    return multimaster_pillarcheck.signs(section)
+
+
+def shares_key(section):
+    """
+    Whether the masters of ``section`` serve one master key (mode hot): they get one new pair.
+    """
+    return not multimaster_masterkey.uses_signing(section)
+
+
+def checked_generation(value):
+    """
+    ``value`` as a rotation's generation (an integer from 1), else ``Refused`` naming it.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        value = repr(value)
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise multimaster_control.Refused(
+            f"generation: got {value}; expected the number of this rotation (1 for the first, "
+            "one more for each later one)"
+        )
+    return number
+
+
+def record_path(opts):
+    return os.path.join(opts["pki_dir"], RECORD)
+
+
+def read_record(opts):
+    """
+    The last rotation's record ``{"generation", "masters": {id: fingerprint}, "done"}``, or
+    None before the first.
+    """
+    try:
+        with salt.utils.files.fopen(record_path(opts), "r") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        return None
+
+
+def write_record(opts, record):
+    """
+    Store ``record`` (public fingerprints only) beside the master's keys, 0600.
+    """
+    with salt.utils.atomicfile.atomic_open(record_path(opts), "w") as handle:
+        json.dump(record, handle, sort_keys=True)
+    # atomic_open gives the file the mode of the one it replaces (or the umask's).
+    os.chmod(record_path(opts), 0o600)
+
+
+def generation_record(opts, generation):
+    """
+    The record this run continues: the stored one when it is of ``generation``, a new one when
+    ``generation`` is the next; ``Refused`` for an older or skipped generation.
+    """
+    record = read_record(opts)
+    last = record["generation"] if record else 0
+    if record and generation == last:
+        return record
+    if record and not record.get("done"):
+        raise multimaster_control.Refused(
+            f"generation {last} did not finish: run rotate_master_key generation={last} again first"
+        )
+    if generation != last + 1:
+        raise multimaster_control.Refused(
+            f"generation: got {generation}; the last rotation was generation {last}, so "
+            f"the next is {last + 1}"
+        )
+    return {"generation": generation, "masters": {}, "done": False}
+
+
+def new_pair(keysize):
+    """
+    ``(private PEM, public PEM)`` of a fresh RSA pair as Salt writes a master's: PKCS#1
+    private, SubjectPublicKeyInfo public.
+    """
+    key = rsa.generate_private_key(public_exponent=65537, key_size=max(int(keysize), 2048))
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    ).decode()
+    pub = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    return pem, pub
+
+
+def unready_minions(run, section, answers, skip_unanswered):
+    """
+    Why the minions would be cut off by a new key, or None: one that does not verify signed
+    keys, or (unless ``skip_unanswered``) an accepted one that answered no master.
+    """
+    said = {}
+    for answer in answers.values():
+        for minion, verifies in answer["minions"].items():
+            said[minion] = said.get(minion, True) and verifies
+    plain = sorted(m for m, verifies in said.items() if not verifies)
+    if plain:
+        return (
+            f"minions {multimaster_keys.shown(plain)} do not verify a signed master key "
+            f"(verify_master_pubkey_sign): a new key would cut them off; {PREPARE}"
+        )
+    accepted = salt.key.get_key(run.opts).list_status("acc").get("minions", [])
+    silent = sorted(set(accepted) - set(said))
+    if silent and not skip_unanswered:
+        return (
+            f"minions {multimaster_keys.shown(silent)} answered no master: one that is down, "
+            "start and run again (or pass skip_unanswered=True if it verifies signed keys); "
+            "one that does not verify signed keys cannot sign in to a master that signs: " + PREPARE
+        )
+    return None
+
+
+def check_minions(run, section, skip_unanswered, timeout):
+    """
+    Ask every master which of its minions verify signed keys; ``Refused`` when a master does
+    not answer or a minion would be cut off.
+    """
+    order = multimaster_control.ids(section)
+    answers, errors = multimaster_control.call(
+        run, section, order, "minions_verifying", {}, timeout, check=check_verifying
+    )
+    if errors:
+        raise multimaster_control.Refused(
+            "every master must answer before its key changes: "
+            + "; ".join(f"{m}: {e}" for m, e in sorted(errors.items()))
+        )
+    problem = unready_minions(run, section, answers, skip_unanswered)
+    if problem:
+        raise multimaster_control.Refused(problem)
+
+
+def planned(section, plan, record):
+    """
+    The masters whose stored key is not yet the one this generation gave them, in the order
+    they rotate: the peers, then the primary (its restart ends this runner's publishes).
+    """
+    order = multimaster_control.ids(section)
+    stale = []
+    for master in order[1:] + order[:1]:
+        own = plan["info"][master].get("own_pub") or ""
+        if multimaster_keys.fingerprint(own) != record["masters"].get(master):
+            stale.append(master)
+    if stale and shares_key(section):
+        # Masters that share a key all get the one new pair: a resumed run makes another.
+        return order[1:] + order[:1]
+    return stale
+
+
+def deliver_to_peer(run, section, master, plan, held, pair, timeout):
+    """
+    Seal ``pair`` to the control minion of peer ``master``, which stops its master, stores the
+    pair, starts it again and proves it by a sign-in. Returns the master's report.
+    """
+    entry = multimaster_control.by_id(section)[master]
+    problem = multimaster_masterkey.recipient_problem(run, entry, held)
+    if problem:
+        return {"result": False, "error": f"refused: {problem}"}
+    pem, pub = pair
+    fp = multimaster_keys.fingerprint(pub)
+    envelope = multimaster_seal.seal(
+        {"pem": pem, "pub": pub},
+        "master_key",
+        entry["minion_id"],
+        multimaster_control.primary_key_entry(run, entry["minion_id"])[1],
+        multimaster_control.signer_key(run),
+        multimaster_control.bound(
+            multimaster_control.binding(plan["info"][master], master, section), fp=fp
+        ),
+    )
+    transfer = multimaster_control.staged(run, section, master, envelope)
+    done, error = multimaster_control.call_one(
+        run, section, master, "install_master_key", {"transfer": transfer}, timeout
+    )
+    if error is not None:
+        return {"result": False, "error": error}
+    return {"result": bool(done.get("served")), "restarted": done.get("restarted")}
+
+
+def install_here(run, section, pair, timeout):
+    """
+    Install ``pair`` on this master (the primary): stop it, store the pair, start it the way it
+    ran, wait for its port. This runner's own process does it: the restart would lose the
+    return of a control minion's job.
+    """
+    config_dir = os.path.dirname(run.opts["conf_file"])
+    mopts = multimaster_keystore.master_opts(config_dir)
+    entry = multimaster_control.by_id(section)[multimaster_control.ids(section)[0]]
+    stopped = multimaster_daemon.stop_now(
+        mopts["pidfile"], multimaster_masterkey.service(section), "salt-master", config_dir
+    )
+    try:
+        multimaster_masterkeyfiles.install_master_key(mopts, *pair)
+    finally:
+        multimaster_daemon.start_now(stopped, "salt-master", config_dir)
+    port = int(section["ports"]["ret"])
+    if not multimaster_daemon.wait_port(entry["host"], port, timeout):
+        return {"result": False, "error": f"this master did not listen on port {port}"}
+    return {"result": True, "restarted": stopped["service"] or "daemon"}
+
+
+def rotate(run, section, plan, record, stale, timeout):
+    """
+    A fresh pair for each master of ``stale``, its fingerprint recorded before it is sent;
+    returns ``{master: report}``.
+    """
+    primary = multimaster_control.ids(section)[0]
+    control = [m["minion_id"] for m in section["masters"]]
+    held = multimaster_keysync.inventories(run, section, 60, ids=control)["inventories"]
+    reports = {}
+    shared = new_pair(run.opts.get("keysize", 2048)) if shares_key(section) else None
+    for master in stale:
+        pair = shared or new_pair(run.opts.get("keysize", 2048))
+        record["masters"][master] = multimaster_keys.fingerprint(pair[1])
+        write_record(run.opts, record)
+        run.progress(f"{master}: installing a new master key, restarting, verifying")
+        if master == primary:
+            reports[master] = install_here(run, section, pair, timeout)
+        else:
+            reports[master] = deliver_to_peer(run, section, master, plan, held, pair, timeout)
+        del pair
+        if reports[master]["result"] is False:
+            break
+    del shared
+    return reports
+
+
+def verified(run, section, record, plan, timeout):
+    """
+    Every master proves by a signature-verifying sign-in, from the next master's control
+    minion, that it serves the key of this generation; ``{master: report}``.
+    """
+    info, _ = multimaster_control.call(
+        run, section, multimaster_control.ids(section), "master_key_info", {}, 60
+    )
+    ret = {"masters": {}}
+    for master in multimaster_control.ids(section):
+        own = (info.get(master) or {}).get("pub") or ""
+        if multimaster_keys.fingerprint(own) != record["masters"].get(master):
+            ret["masters"][master] = {"result": False, "error": "stores another key than planned"}
+        plan["info"].setdefault(master, {})["own_pub"] = own
+    multimaster_masterkey.verify_all(run, section, ret, plan, True, timeout)
+    return ret["masters"]
+
+
+def prepared(run, generation, skip_unanswered):
+    """
+    ``(section, plan, record, stale)`` of a rotation that may go ahead; ``Refused`` otherwise.
+    """
+    section = multimaster_control.acting(run, multimaster_control.section(run), "rotate_master_key")
+    if not signs(section):
+        raise multimaster_control.Refused(
+            "the masters do not share a signing pair, so every minion would refuse a new "
+            "master key: set multimaster:signing (mode hot or failover), apply "
+            "multimaster.master, run sync_master_key, apply multimaster.minion "
+            "(docs/rotation.md)"
+        )
+    record = generation_record(run.opts, checked_generation(generation))
+    multimaster_control.await_restarts(run, section)
+    plan, errors = multimaster_masterkey.key_plan(run, section, True, 60)
+    problems = [f"{m}: {e}" for m, e in sorted(errors.items())]
+    problems += [f"{m} holds another signing pair: run sync_master_key" for m in plan["stale"]]
+    if problems:
+        raise multimaster_control.Refused(
+            "every master must answer and hold the primary's signing pair: " + "; ".join(problems)
+        )
+    stale = planned(section, plan, record)
+    if stale:
+        check_minions(run, section, skip_unanswered, 60)
+    return section, plan, record, stale
+
+
+def merged(ret, checked):
+    """
+    Put each master's sign-in report of ``checked`` into ``ret["masters"]``.
+    """
+    for master, report in checked.items():
+        entry = ret["masters"].setdefault(master, {"result": True})
+        entry.update({k: v for k, v in report.items() if k != "result"})
+        if report.get("result") is False:
+            entry["result"] = False
+
+
+def rotate_master_key(run, generation=None, test=False, skip_unanswered=False, timeout=180):
+    """
+    The ``rotate_master_key`` runner: refuse what would cut a minion off, then (unless ``test``)
+    give every master whose key is not yet of ``generation`` a new one, and prove them all.
+    """
+    try:
+        section, plan, record, stale = prepared(run, generation, skip_unanswered)
+    except SaltInvocationError as exc:
+        return multimaster_control.refused(run, exc)
+    ret = {"generation": record["generation"], "rotated": stale, "masters": {}}
+    if test:
+        ret["comment"] = f"would give {', '.join(stale)} a new key" if stale else "nothing to do"
+        return multimaster_control.finish(run, ret, False)
+    if stale:
+        ret["masters"] = rotate(run, section, plan, record, stale, timeout)
+    if stale and stale[-1] in ret["masters"]:
+        ret["settled"] = multimaster_settle.wait_masters(run, timeout=timeout)
+    merged(ret, verified(run, section, record, plan, timeout))
+    failed = any(r.get("result") is False for r in ret["masters"].values())
+    if failed:
+        ret["comment"] = f"rotation incomplete: run it again with generation={ret['generation']}"
+    else:
+        if not record.get("done"):
+            write_record(run.opts, dict(record, done=True))
+        ret["comment"] = "every master serves its new key"
+        if not stale:
+            ret["comment"] = f"generation {ret['generation']} is in place: nothing changed"
+    return multimaster_control.finish(run, ret, failed)

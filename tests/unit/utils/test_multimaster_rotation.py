@@ -1,0 +1,185 @@
+"""
+The rotation plane's planning: generations, fresh pairs, the refusal of a minion a new key
+would cut off, the order masters rotate in.
+"""
+
+import os
+
+import multimaster_control
+import multimaster_keys
+import multimaster_masterkey
+import multimaster_rotation
+import pytest
+
+SIGNING = {"mode": "failover", "signing": {"enabled": True}}
+
+
+class Keys:
+    def __init__(self, accepted):
+        self.accepted = accepted
+
+    def list_status(self, status):
+        assert status == "acc"
+        return {"minions": list(self.accepted)}
+
+
+@pytest.fixture
+def run(tmp_path):
+    return multimaster_control.Run({"pki_dir": str(tmp_path)}, {})
+
+
+def test_a_new_pair_is_a_valid_master_key_pair():
+    pem, pub = multimaster_rotation.new_pair(2048)
+    assert multimaster_keys.canonical(pub) == pub
+    assert multimaster_keys.private_key_fingerprint(pem) == multimaster_keys.fingerprint(pub)
+    assert pem.startswith("-----BEGIN RSA PRIVATE KEY-----")
+    assert multimaster_rotation.new_pair(2048)[1] != pub
+
+
+@pytest.mark.parametrize("value", [None, 0, -1, "two", True, 1.5, [1]])
+def test_a_generation_that_is_not_a_count_is_refused_by_value(value):
+    with pytest.raises(multimaster_control.Refused, match="generation: got"):
+        multimaster_rotation.checked_generation(value)
+
+
+def test_the_first_rotation_is_generation_1(run):
+    with pytest.raises(multimaster_control.Refused, match="the next is 1"):
+        multimaster_rotation.generation_record(run.opts, 2)
+    record = multimaster_rotation.generation_record(run.opts, 1)
+    assert record == {"generation": 1, "masters": {}, "done": False}
+
+
+def test_an_unfinished_generation_is_resumed_and_blocks_the_next(run):
+    multimaster_rotation.write_record(run.opts, {"generation": 1, "masters": {"m2": "ab"}})
+    assert multimaster_rotation.generation_record(run.opts, 1)["masters"] == {"m2": "ab"}
+    with pytest.raises(multimaster_control.Refused, match="generation 1 did not finish"):
+        multimaster_rotation.generation_record(run.opts, 2)
+
+
+def test_a_finished_generation_allows_only_the_next(run):
+    done = {"generation": 3, "masters": {"m1": "cd"}, "done": True}
+    multimaster_rotation.write_record(run.opts, done)
+    assert multimaster_rotation.generation_record(run.opts, 3) == done
+    assert multimaster_rotation.generation_record(run.opts, 4)["masters"] == {}
+    with pytest.raises(multimaster_control.Refused, match="the next is 4"):
+        multimaster_rotation.generation_record(run.opts, 2)
+    path = multimaster_rotation.record_path(run.opts)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+
+
+def test_peers_rotate_before_the_primary_and_rotated_masters_are_skipped():
+    section = {**SIGNING, "masters": [{"id": "m1"}, {"id": "m2"}, {"id": "m3"}]}
+    pubs = {m: multimaster_rotation.new_pair(2048)[1] for m in ("m1", "m2", "m3")}
+    plan = {"info": {m: {"own_pub": pub} for m, pub in pubs.items()}}
+    record = {"masters": {}}
+    assert multimaster_rotation.planned(section, plan, record) == ["m2", "m3", "m1"]
+    record["masters"]["m2"] = multimaster_keys.fingerprint(pubs["m2"])
+    assert multimaster_rotation.planned(section, plan, record) == ["m3", "m1"]
+
+
+def test_masters_that_share_a_key_all_rotate_again_when_one_is_behind():
+    section = {"mode": "hot", "signing": {"enabled": True}}
+    section["masters"] = [{"id": "m1"}, {"id": "m2"}, {"id": "m3"}]
+    pub = multimaster_rotation.new_pair(2048)[1]
+    plan = {"info": {m: {"own_pub": pub} for m in ("m1", "m2", "m3")}}
+    record = {"masters": dict.fromkeys(("m1", "m2", "m3"), multimaster_keys.fingerprint(pub))}
+    assert multimaster_rotation.planned(section, plan, record) == []
+    plan["info"]["m3"]["own_pub"] = multimaster_rotation.new_pair(2048)[1]
+    assert multimaster_rotation.planned(section, plan, record) == ["m2", "m3", "m1"]
+
+
+def _answers(**minions):
+    return {"m1": {"minions": minions}}
+
+
+def test_a_minion_that_does_not_verify_signed_keys_is_refused_by_name(run, monkeypatch):
+    monkeypatch.setattr("salt.key.get_key", lambda opts: Keys(["web1", "web2"]))
+    answers = {"m1": {"minions": {"web1": True}}, "m2": {"minions": {"web2": False}}}
+    problem = multimaster_rotation.unready_minions(run, SIGNING, answers, False)
+    assert "web2" in problem and "web1" not in problem
+    assert "verify_master_pubkey_sign" in problem and "multimaster.minion" in problem
+
+
+def test_a_minion_that_answers_no_master_is_refused_unless_skipped(run, monkeypatch):
+    monkeypatch.setattr("salt.key.get_key", lambda opts: Keys(["web1", "down1"]))
+    answers = _answers(web1=True)
+    problem = multimaster_rotation.unready_minions(run, SIGNING, answers, False)
+    assert "down1" in problem and "skip_unanswered=True" in problem
+    assert multimaster_rotation.unready_minions(run, SIGNING, answers, True) is None
+
+
+def test_every_verifying_minion_is_ready(run, monkeypatch):
+    monkeypatch.setattr("salt.key.get_key", lambda opts: Keys(["web1", "web2"]))
+    answers = {"m1": {"minions": {"web1": True}}, "m2": {"minions": {"web2": True}}}
+    assert multimaster_rotation.unready_minions(run, SIGNING, answers, False) is None
+
+
+@pytest.mark.parametrize(
+    "answer", [{"minions": {"web1": "yes"}}, {"minions": ["web1"]}, {"minions": {1: True}}]
+)
+def test_a_malformed_readiness_answer_is_refused(answer):
+    with pytest.raises(ValueError):
+        multimaster_rotation.check_verifying(answer)
+
+
+def test_only_a_set_that_signs_can_rotate():
+    assert multimaster_rotation.signs(SIGNING)
+    assert multimaster_rotation.signs({"mode": "hot", "signing": {"enabled": True}})
+    assert not multimaster_rotation.signs({"mode": "cluster", "signing": {"enabled": True}})
+    assert not multimaster_rotation.signs({"mode": "hot", "signing": {"enabled": False}})
+    assert not multimaster_rotation.signs({"mode": "failover", "signing": {"enabled": False}})
+
+
+def test_a_master_that_signs_proves_its_new_key_with_its_signature(monkeypatch):
+    stored = {True: "SIGN-PUB"}
+    monkeypatch.setattr(
+        multimaster_masterkey.multimaster_masterkeyfiles,
+        "read_master_key",
+        lambda mopts, signing=False: stored.get(signing),
+    )
+    signs = {"master_sign_pubkey": True}
+    assert multimaster_masterkey.served_args(signs, "NEW", False) == ("NEW", "SIGN-PUB")
+    assert multimaster_masterkey.served_args({}, "NEW", False) == ("NEW", None)
+
+
+@pytest.mark.parametrize(
+    "mode, enabled, pairs",
+    [
+        ("failover", True, [True]),
+        ("hot", True, [True, False]),
+        ("hot", False, [False]),
+        ("failover", False, [False]),
+        ("cluster", False, [False]),
+    ],
+)
+def test_the_pairs_a_set_shares_are_delivered_signing_pair_first(mode, enabled, pairs):
+    section = {"mode": mode, "signing": {"enabled": enabled}}
+    assert multimaster_masterkey.shared_pairs(section) == pairs
+
+
+def test_a_minion_that_did_not_return_to_a_master_is_not_counted_there(monkeypatch):
+    class Client:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *_):
+            return False
+
+        def cmd(self, tgt, fun, arg, timeout, full_return):
+            assert (tgt, fun, arg, full_return) == (
+                "*",
+                "config.get",
+                ["verify_master_pubkey_sign"],
+                True,
+            )
+            return {
+                "web1": {"ret": True, "retcode": 0},
+                "web2": False,
+                "web3": {"ret": "", "retcode": 0},
+                "web4": {"ret": False, "retcode": 0},
+                "web5": {"out": "no_return", "ret": "Minion did not return. [No response]"},
+            }
+
+    monkeypatch.setattr("salt.client.get_local_client", lambda path: Client())
+    said = multimaster_rotation.minions_verifying("/etc/salt")
+    assert said == {"web1": True, "web3": False, "web4": False}
