@@ -1,10 +1,7 @@
 """
-The master-host side of the ``multimaster`` runners: key inventory, key actions, master key
-install, served-key checks and reports, run by a master's control minion. Each function is a
-few lines over its plane's library in ``_utils`` (``multimaster_keystore``,
-``multimaster_keywrite``, ``multimaster_clustersync``, ``multimaster_masterkey``,
-``multimaster_rotation``, ``multimaster_status``; the roots plane's ``multimaster_manifest``
-and ``multimaster_roots``), which own both ends of their plane's wire contract.
+The master-host side of the ``multimaster`` runners, run by a master's control minion: each
+function is a few lines over its plane's library in ``_utils`` (keystore, keywrite,
+clustersync, masterkey, rotation, status, manifest, roots), which owns both ends of its wire.
 
 Grant this module to no publisher ACL: only the ``multimaster`` runners call it, and it trusts
 no caller (``docs/security.md``). Paths come from this minion's own pillar entry, never from
@@ -138,11 +135,9 @@ def apply_key_actions(transfer, order):
     changed since planned and an accept of a key rejected or denied here. Repairs what an
     interrupted run left; rotates the AES key when an accepted key was removed.
 
-    transfer
-        The descriptor of the staged actions (``{"ticket", "size", "sha256"}``).
-
-    order
-        The runner's signature over the actions, bound to a challenge from ``key_inventory``.
+    transfer, order
+        The staged actions' descriptor (``{"ticket", "size", "sha256"}``) and the runner's
+        signature over them, bound to a challenge from ``key_inventory``.
 
     CLI Example:
 
@@ -184,11 +179,9 @@ def install_cluster_peer_keys(keys, order):
     configured masters, only strict RSA public keys, all checked before any is written; a key
     that differs from one held here is a conflict, never replaced.
 
-    keys
-        ``{address: PEM}`` of the peers.
-
-    order
-        The runner's signature over them, bound to a challenge from ``cluster_peer_keys``.
+    keys, order
+        ``{address: PEM}`` of the peers, and the runner's signature over them bound to a
+        challenge from ``cluster_peer_keys``.
 
     CLI Example:
 
@@ -262,14 +255,9 @@ def install_master_key(transfer, signing=False, timeout=90):
     store the pair, start it again as it ran (also when storing failed), wait for it, verify by
     a real sign-in that it serves the new key. Never returns or logs the key.
 
-    transfer
-        The descriptor of the staged envelope (``{"ticket", "size", "sha256"}``).
-
-    signing
-        The envelope carries the signing pair (failover with signing) instead of the master key.
-
-    timeout
-        Seconds to wait for the restarted master.
+    transfer, signing, timeout
+        The staged envelope's descriptor (``{"ticket", "size", "sha256"}``); whether it carries
+        the signing pair instead of the master key; seconds to wait for the restarted master.
 
     CLI Example:
 
@@ -287,8 +275,8 @@ def install_master_key(transfer, signing=False, timeout=90):
 @_signed_answer
 def verify_master_key(host, port, pub, sign_pub=None, timeout=30):
     """
-    Does the master at ``host:port`` serve ``pub`` (signed with ``sign_pub``'s pair)? Checked by
-    a real sign-in with this minion's own key, which must be accepted there. Changes nothing.
+    Does the master at ``host:port`` serve ``pub`` (signed with ``sign_pub``'s pair), trying
+    ``timeout`` seconds? Checked by a real sign-in with this minion's own key. Changes nothing.
 
     host, port
         The master's address and ret port.
@@ -296,9 +284,6 @@ def verify_master_key(host, port, pub, sign_pub=None, timeout=30):
     pub, sign_pub
         The public key the master should serve (PEM) and, in signing mode, the signing public
         key (PEM) its signature must verify with.
-
-    timeout
-        Seconds to keep trying.
 
     CLI Example:
 
@@ -334,10 +319,8 @@ def master_report(signing=False, ping_timeout=5):
 @_signed_answer
 def ping_minions(timeout=5):
     """
-    The minions that answer ``test.ping`` published by this host's master.
-
-    timeout
-        Seconds to wait for returns.
+    The minions that answer ``test.ping`` published by this host's master within ``timeout``
+    seconds.
 
     CLI Example:
 

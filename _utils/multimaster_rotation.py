@@ -182,7 +182,7 @@ def new_pair(keysize):
     return pem, pub
 
 
-def unready_minions(run, section, answers, skip_unanswered):
+def unready_minions(run, answers, skip_unanswered):
     """
     Why the minions would be cut off by a new key, or None: one that does not verify signed
     keys, or (unless ``skip_unanswered``) an accepted one that answered no master.
@@ -222,7 +222,7 @@ def check_minions(run, section, skip_unanswered, timeout):
             "every master must answer before its key changes: "
             + "; ".join(f"{m}: {e}" for m, e in sorted(errors.items()))
         )
-    problem = unready_minions(run, section, answers, skip_unanswered)
+    problem = unready_minions(run, answers, skip_unanswered)
     if problem:
         raise multimaster_control.Refused(problem)
 

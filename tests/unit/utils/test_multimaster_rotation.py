@@ -95,7 +95,7 @@ def _answers(**minions):
 def test_a_minion_that_does_not_verify_signed_keys_is_refused_by_name(run, monkeypatch):
     monkeypatch.setattr("salt.key.get_key", lambda opts: Keys(["web1", "web2"]))
     answers = {"m1": {"minions": {"web1": True}}, "m2": {"minions": {"web2": False}}}
-    problem = multimaster_rotation.unready_minions(run, SIGNING, answers, False)
+    problem = multimaster_rotation.unready_minions(run, answers, False)
     assert "web2" in problem and "web1" not in problem
     assert "verify_master_pubkey_sign" in problem and "multimaster.minion" in problem
 
@@ -103,15 +103,15 @@ def test_a_minion_that_does_not_verify_signed_keys_is_refused_by_name(run, monke
 def test_a_minion_that_answers_no_master_is_refused_unless_skipped(run, monkeypatch):
     monkeypatch.setattr("salt.key.get_key", lambda opts: Keys(["web1", "down1"]))
     answers = _answers(web1=True)
-    problem = multimaster_rotation.unready_minions(run, SIGNING, answers, False)
+    problem = multimaster_rotation.unready_minions(run, answers, False)
     assert "down1" in problem and "skip_unanswered=True" in problem
-    assert multimaster_rotation.unready_minions(run, SIGNING, answers, True) is None
+    assert multimaster_rotation.unready_minions(run, answers, True) is None
 
 
 def test_every_verifying_minion_is_ready(run, monkeypatch):
     monkeypatch.setattr("salt.key.get_key", lambda opts: Keys(["web1", "web2"]))
     answers = {"m1": {"minions": {"web1": True}}, "m2": {"minions": {"web2": True}}}
-    assert multimaster_rotation.unready_minions(run, SIGNING, answers, False) is None
+    assert multimaster_rotation.unready_minions(run, answers, False) is None
 
 
 @pytest.mark.parametrize(
