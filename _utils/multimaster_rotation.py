@@ -3,13 +3,12 @@ The rotation plane: a new master key on every master of a set that signs, no min
 
 A minion with ``verify_master_pubkey_sign`` takes a *changed* master key when the master's
 signature over it verifies with the ``master_sign.pub`` it trusts (Salt's
-``verify_signing_master``). So a set whose masters share a signing pair (``signing:enabled``,
-mode ``hot`` or ``failover``) can change every master key: the primary makes a fresh pair for
-each master (one for all in mode hot, whose masters share their key), seals it to that
-master's control minion (the master-key plane's envelope), and each master is stopped for the
-swap and started again once, the primary last, from this runner's own process. Every master's
-new key is then proven by a real, signature-verifying sign-in from another master's control
-minion, which was never restarted.
+``verify_signing_master``). So a failover set whose masters share a signing pair
+(``signing:enabled``, a key per master) can change every master key: the primary makes a
+fresh pair for each master, seals it to that master's control minion (the master-key plane's
+envelope), and each master is stopped for the swap and started again once, the primary last,
+from this runner's own process. Every master's new key is then proven by a real,
+signature-verifying sign-in from another master's control minion, which was never restarted.
 
 The peer side is ``minions_verifying``: which minions reached by a master verify signed keys.
 The runner side refuses before any change when a minion would be cut off (it does not verify,
@@ -91,11 +90,26 @@ def signs(section):
     return multimaster_pillarcheck.signs(section)
 
 
-def shares_key(section):
+def unrotatable(section):
     """
-    Whether the masters of ``section`` serve one master key (mode hot): they get one new pair.
+    Why the masters of ``section`` cannot rotate their keys with no minion outage, or None.
     """
-    return not multimaster_masterkey.uses_signing(section)
+    if not signs(section):
+        return (
+            "the masters do not share a signing pair, so every minion would refuse a new "
+            "master key: set multimaster:signing with mode failover, apply multimaster.master, "
+            "run sync_master_key, apply multimaster.minion (docs/rotation.md)"
+        )
+    if not multimaster_masterkey.uses_signing(section):
+        # Measured: a hot minion's sign-in to a master not yet rotated, with the new key
+        # cached, fails ("The master failed to decrypt the random minion token"), and the
+        # minion restarts its connections.
+        return (
+            "mode hot: a hot minion caches one master key for all its masters, so while the "
+            "masters hold different keys its sign-in to the ones not yet changed fails; "
+            "rotation is for mode failover, where each master has its own key (docs/rotation.md)"
+        )
+    return None
 
 
 def checked_generation(value):
@@ -238,9 +252,6 @@ def planned(section, plan, record):
         own = plan["info"][master].get("own_pub") or ""
         if multimaster_keys.fingerprint(own) != record["masters"].get(master):
             stale.append(master)
-    if stale and shares_key(section):
-        # Masters that share a key all get the one new pair: a resumed run makes another.
-        return order[1:] + order[:1]
     return stale
 
 
@@ -305,9 +316,8 @@ def rotate(run, section, plan, record, stale, timeout):
     control = [m["minion_id"] for m in section["masters"]]
     held = multimaster_keysync.inventories(run, section, 60, ids=control)["inventories"]
     reports = {}
-    shared = new_pair(run.opts.get("keysize", 2048)) if shares_key(section) else None
     for master in stale:
-        pair = shared or new_pair(run.opts.get("keysize", 2048))
+        pair = new_pair(run.opts.get("keysize", 2048))
         record["masters"][master] = multimaster_keys.fingerprint(pair[1])
         write_record(run.opts, record)
         run.progress(f"{master}: installing a new master key, restarting, verifying")
@@ -318,7 +328,6 @@ def rotate(run, section, plan, record, stale, timeout):
         del pair
         if reports[master]["result"] is False:
             break
-    del shared
     return reports
 
 
@@ -345,13 +354,9 @@ def prepared(run, generation, skip_unanswered):
     ``(section, plan, record, stale)`` of a rotation that may go ahead; ``Refused`` otherwise.
     """
     section = multimaster_control.acting(run, multimaster_control.section(run), "rotate_master_key")
-    if not signs(section):
-        raise multimaster_control.Refused(
-            "the masters do not share a signing pair, so every minion would refuse a new "
-            "master key: set multimaster:signing (mode hot or failover), apply "
-            "multimaster.master, run sync_master_key, apply multimaster.minion "
-            "(docs/rotation.md)"
-        )
+    problem = unrotatable(section)
+    if problem:
+        raise multimaster_control.Refused(problem)
     record = generation_record(run.opts, checked_generation(generation))
     multimaster_control.await_restarts(run, section)
     plan, errors = multimaster_masterkey.key_plan(run, section, True, 60)

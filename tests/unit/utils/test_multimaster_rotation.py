@@ -77,17 +77,6 @@ def test_peers_rotate_before_the_primary_and_rotated_masters_are_skipped():
     assert multimaster_rotation.planned(section, plan, record) == ["m3", "m1"]
 
 
-def test_masters_that_share_a_key_all_rotate_again_when_one_is_behind():
-    section = {"mode": "hot", "signing": {"enabled": True}}
-    section["masters"] = [{"id": "m1"}, {"id": "m2"}, {"id": "m3"}]
-    pub = multimaster_rotation.new_pair(2048)[1]
-    plan = {"info": {m: {"own_pub": pub} for m in ("m1", "m2", "m3")}}
-    record = {"masters": dict.fromkeys(("m1", "m2", "m3"), multimaster_keys.fingerprint(pub))}
-    assert multimaster_rotation.planned(section, plan, record) == []
-    plan["info"]["m3"]["own_pub"] = multimaster_rotation.new_pair(2048)[1]
-    assert multimaster_rotation.planned(section, plan, record) == ["m2", "m3", "m1"]
-
-
 def _answers(**minions):
     return {"m1": {"minions": minions}}
 
@@ -122,12 +111,13 @@ def test_a_malformed_readiness_answer_is_refused(answer):
         multimaster_rotation.check_verifying(answer)
 
 
-def test_only_a_set_that_signs_can_rotate():
-    assert multimaster_rotation.signs(SIGNING)
-    assert multimaster_rotation.signs({"mode": "hot", "signing": {"enabled": True}})
-    assert not multimaster_rotation.signs({"mode": "cluster", "signing": {"enabled": True}})
-    assert not multimaster_rotation.signs({"mode": "hot", "signing": {"enabled": False}})
-    assert not multimaster_rotation.signs({"mode": "failover", "signing": {"enabled": False}})
+def test_only_a_failover_set_that_signs_can_rotate():
+    assert multimaster_rotation.unrotatable(SIGNING) is None
+    hot = multimaster_rotation.unrotatable({"mode": "hot", "signing": {"enabled": True}})
+    assert hot.startswith("mode hot:") and "mode failover" in hot
+    for mode in ("hot", "failover", "cluster"):
+        section = {"mode": mode, "signing": {"enabled": mode == "cluster"}}
+        assert "do not share a signing pair" in multimaster_rotation.unrotatable(section)
 
 
 def test_a_master_that_signs_proves_its_new_key_with_its_signature(monkeypatch):
