@@ -35,7 +35,7 @@ import salt.utils.atomicfile
 import salt.utils.files
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 RECORD = "multimaster_rotation.json"
 PREPARE = (
@@ -294,13 +294,16 @@ def install_here(run, section, pair, timeout):
     config_dir = os.path.dirname(run.opts["conf_file"])
     mopts = multimaster_keystore.master_opts(config_dir)
     entry = multimaster_control.by_id(section)[multimaster_control.ids(section)[0]]
-    stopped = multimaster_daemon.stop_now(
-        mopts["pidfile"], multimaster_masterkey.service(section), "salt-master", config_dir
-    )
     try:
-        multimaster_masterkeyfiles.install_master_key(mopts, *pair)
-    finally:
-        multimaster_daemon.start_now(stopped, "salt-master", config_dir)
+        stopped = multimaster_daemon.stop_now(
+            mopts["pidfile"], multimaster_masterkey.service(section), "salt-master", config_dir
+        )
+        try:
+            multimaster_masterkeyfiles.install_master_key(mopts, *pair)
+        finally:
+            multimaster_daemon.start_now(stopped, "salt-master", config_dir)
+    except CommandExecutionError as exc:
+        return {"result": False, "error": str(exc)}
     port = int(section["ports"]["ret"])
     if not multimaster_daemon.wait_port(entry["host"], port, timeout):
         return {"result": False, "error": f"this master did not listen on port {port}"}
@@ -402,6 +405,7 @@ def rotate_master_key(run, generation=None, test=False, skip_unanswered=False, t
         ret["settled"] = multimaster_settle.wait_masters(run, timeout=timeout)
     merged(ret, verified(run, section, record, plan, timeout))
     failed = any(r.get("result") is False for r in ret["masters"].values())
+    failed = failed or bool(ret.get("settled", {}).get("retcode"))
     if failed:
         ret["comment"] = f"rotation incomplete: run it again with generation={ret['generation']}"
     else:

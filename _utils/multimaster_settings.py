@@ -162,8 +162,8 @@ def runner_section(settings):
     """
     keys = ["mode", "ports", "masters", "primary", "epoch", "manage_services", "max_revoke_share"]
     if settings["mode"] == "failover":
-        keys += ["failover"]
-    if settings["mode"] != "cluster":
+        keys += ["failover", "signing"]
+    elif multimaster_pillarcheck.signs(settings):
         keys += ["signing"]
     section = {key: copy.deepcopy(settings[key]) for key in keys}
     if settings["mode"] == "cluster":

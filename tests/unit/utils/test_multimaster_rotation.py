@@ -173,3 +173,16 @@ def test_a_minion_that_did_not_return_to_a_master_is_not_counted_there(monkeypat
     monkeypatch.setattr("salt.client.get_local_client", lambda path: Client())
     said = multimaster_rotation.minions_verifying("/etc/salt")
     assert said == {"web1": True, "web3": False, "web4": False}
+
+
+def test_a_primary_that_cannot_be_stopped_is_reported_not_raised(tmp_path, monkeypatch):
+    def refuse(*args):
+        raise multimaster_rotation.CommandExecutionError("/run/salt-master.pid: not salt-master")
+
+    opts = {"pidfile": "/run/salt-master.pid"}
+    monkeypatch.setattr(multimaster_rotation.multimaster_keystore, "master_opts", lambda d: opts)
+    monkeypatch.setattr(multimaster_rotation.multimaster_daemon, "stop_now", refuse)
+    run = multimaster_control.Run({"conf_file": str(tmp_path / "master")}, {})
+    section = {"masters": [{"id": "m1", "host": "127.0.0.1"}], "ports": {"ret": 4506}}
+    report = multimaster_rotation.install_here(run, section, ("PEM", "PUB"), 1)
+    assert report == {"result": False, "error": "/run/salt-master.pid: not salt-master"}

@@ -212,7 +212,8 @@ def test_hot_with_signing_signs_and_verifies_the_shared_key(defaults):
 def test_hot_without_signing_neither_signs_nor_verifies(defaults):
     settings = build(defaults, mode="hot")
     assert "verify_master_pubkey_sign" not in ms.minion_config(settings)
-    assert "master_sign_pubkey" not in ms.master_config(settings, settings["masters"][0])
+    master = ms.master_config(settings, settings["masters"][0])
+    assert "master_sign_pubkey" not in master and "signing" not in master["multimaster"]
 
 
 def test_cluster_minions_know_only_the_balancer(defaults):
