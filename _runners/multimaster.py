@@ -217,8 +217,8 @@ def wait_master_stopped(host, timeout=90, interval=1):
     """
     Wait until the master at ``host`` no longer accepts connections on the set's publish and
     return ports: what ``multimaster.orch.remove_master`` runs after a removed cluster master's
-    control minion scheduled its stop (``multimaster.stop_master after_return=True``). Changes
-    nothing. (This master's own section may still list it: the orchestration rewrites the
+    control minion scheduled its stop (``multimaster_daemons.stop_master after_return=True``).
+    Changes nothing. (This master's own section may still list it: the orchestration rewrites the
     remaining masters' sections after the stop.)
 
     host
@@ -242,8 +242,8 @@ def wait_master_stopped(host, timeout=90, interval=1):
 def wait_minions(tgt="*", timeout=180, interval=2):
     """
     Wait until every minion whose key this master has accepted and that ``tgt`` matches
-    answers here with no restart pending (``multimaster.minion_settled``; a minion without the
-    formula's modules counts once it answers): what to run after ``multimaster.minion``
+    answers here with no restart pending (``multimaster_daemons.minion_settled``; a minion
+    without the formula's modules counts once it answers): what to run after ``multimaster.minion``
     restarted minions (or after a failover) before ``status``. Progress names the minions
     still silent.
 

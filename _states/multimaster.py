@@ -27,7 +27,7 @@ __virtualname__ = "multimaster"
 
 
 def __virtual__():
-    if not HAS_UTILS or "multimaster.restart_minion" not in __salt__:
+    if not HAS_UTILS or "multimaster_daemons.restart_minion" not in __salt__:
         return (False, "multimaster: execution module not synced; run saltutil.sync_all")
     return __virtualname__
 
@@ -74,7 +74,7 @@ def minion_restarted(name, service="salt-minion", delay=0):
     return _restarted(
         name,
         "salt-minion",
-        lambda: __salt__["multimaster.restart_minion"](service=service, delay=delay),
+        lambda: __salt__["multimaster_daemons.restart_minion"](service=service, delay=delay),
     )
 
 
@@ -106,7 +106,7 @@ def master_restarted(name, service="salt-master", delay=0):
     return _restarted(
         name,
         "salt-master",
-        lambda: __salt__["multimaster.restart_master"](service=service, delay=delay),
+        lambda: __salt__["multimaster_daemons.restart_master"](service=service, delay=delay),
     )
 
 
@@ -313,9 +313,9 @@ def master_config_managed(name, user=None):
 def master_runners_synced(name):
     """
     Ensure the salt-master this minion controls holds the formula's runners and utils from its
-    own file server in its ``extension_modules`` (``multimaster.sync_master_modules`` without a
-    restart): a master's reactor keeps the runners it loaded, so a master whose reactors call
-    them needs them before the restart this state's changes trigger.
+    own file server in its ``extension_modules`` (``multimaster_daemons.sync_master_modules``
+    without a restart): a master's reactor keeps the runners it loaded, so a master whose
+    reactors call them needs them before the restart this state's changes trigger.
 
     name
         A label (the master id).
@@ -333,7 +333,7 @@ def master_runners_synced(name):
         ret.update(result=None, comment="the master's runners would be synced from its roots")
         return ret
     try:
-        synced = __salt__["multimaster.sync_master_modules"](
+        synced = __salt__["multimaster_daemons.sync_master_modules"](
             restart=False, forms=["runners", "utils"]
         )["synced"]
     except CommandExecutionError as exc:

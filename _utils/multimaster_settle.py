@@ -86,7 +86,7 @@ def wait_master_stopped(run, host, timeout=90, interval=1):
 
 
 # A minion about to restart (after multimaster.minion's job) still answers a ping: ask this.
-SETTLED = "multimaster.minion_settled"
+SETTLED = "multimaster_daemons.minion_settled"
 
 
 def _settled(ret):
@@ -98,8 +98,8 @@ def _settled(ret):
 def wait_minions(run, tgt="*", timeout=180, interval=2):
     """
     The runner's ``wait_minions``: ask the accepted minions ``tgt`` matches until all answer
-    with no restart pending (``multimaster.minion_settled``), with progress naming the silent
-    ones. Returns the report.
+    with no restart pending (``multimaster_daemons.minion_settled``), with progress naming the
+    silent ones. Returns the report.
     """
     if not isinstance(tgt, str) or not tgt:
         return multimaster_control.refused(

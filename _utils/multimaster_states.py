@@ -252,7 +252,7 @@ def master_key_served_ret(name, fingerprint, signing, salt_funcs, test):
             "it would be restarted",
         )
         return ret
-    restarted = salt_funcs["multimaster.restart_master_now"]()
+    restarted = salt_funcs["multimaster_daemons.restart_master_now"]()
     check = verify(host, port, master_pub, sign_pub, timeout=60)
     ret["changes"] = {"restarted": restarted}
     ret["result"] = check["served"]

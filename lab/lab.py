@@ -649,9 +649,9 @@ def build(report):
 
 def key_reactor(report):
     """``salt-key -a`` on master2 reaches master1 through master2's key reactor."""
-    with report.step("multimaster.sync_master_modules on master2 (runners for its reactors)"):
+    with report.step("sync_master_modules on master2 (runners for its reactors)"):
         old_pid = pid_of("master2", "master")
-        synced = salt("master1", "master2", "multimaster.sync_master_modules", timeout=120)
+        synced = salt("master1", "master2", "multimaster_daemons.sync_master_modules", timeout=120)
         if "multimaster" not in str((synced.get("master2") or {}).get("synced")):
             raise LabError(f"master2 did not get the formula's runners: {synced}")
         wait_restarted("master2", "master", old_pid)

@@ -82,7 +82,7 @@ multimaster-orch-add-master-{{ step | replace("_", "-") }}:
 {#- Its reactors call the formula's runners: they come with its roots, and load at a restart. #}
 multimaster-orch-add-master-new-master-modules-synced:
   salt.function:
-    - name: multimaster.sync_master_modules
+    - name: multimaster_daemons.sync_master_modules
     - tgt: [{{ new.minion_id | json }}]
     - tgt_type: list
     - failhard: true

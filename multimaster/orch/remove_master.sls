@@ -105,7 +105,7 @@ multimaster-orch-remove-master-peer-checked:
     stopping it, so the stop comes once its job has returned, and a runner confirms it. #}
 multimaster-orch-remove-master-stopped:
   salt.function:
-    - name: multimaster.stop_master
+    - name: multimaster_daemons.stop_master
     - tgt: [{{ gone_minion | json }}]
     - tgt_type: list
     - kwarg:
@@ -225,7 +225,7 @@ multimaster-orch-remove-master-masters-settled:
 
 multimaster-orch-remove-master-stopped:
   salt.function:
-    - name: multimaster.stop_master
+    - name: multimaster_daemons.stop_master
     - tgt: [{{ gone_minion | json }}]
     - tgt_type: list
     - kwarg:

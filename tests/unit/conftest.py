@@ -29,3 +29,12 @@ def mod(request):
     The execution module (``_modules/multimaster.py``), which the state module calls too.
     """
     return load_for(request, "_modules/multimaster.py")
+
+
+@pytest.fixture(scope="module")
+def daemons(request):
+    """
+    The daemons execution module (``_modules/multimaster_daemons.py``), which the state module
+    calls too.
+    """
+    return load_for(request, "_modules/multimaster_daemons.py")

@@ -151,7 +151,7 @@ def test_the_minion_state_restarts_salt_minion_through_its_unit(hosts):
 
 def test_stop_master_stops_the_unit(hosts):
     primary, master2 = hosts["master1"], hosts["master2"]
-    out = primary.sh("salt master2 multimaster.stop_master --out=json --static").stdout
+    out = primary.sh("salt master2 multimaster_daemons.stop_master --out=json --static").stdout
     assert json.loads(out)["master2"]["stopped"] is True, out
     assert _unit(master2, "salt-master") == ("inactive", 0)
     # The state the package left: enabled, so a reboot would start it again.
@@ -161,7 +161,7 @@ def test_stop_master_stops_the_unit(hosts):
     # The orchestration's way for a master whose control minion has no other master: after
     # the job returns, from the watcher; the runner confirms it.
     out = primary.sh(
-        "salt master2 multimaster.stop_master after_return=True --out=json --static"
+        "salt master2 multimaster_daemons.stop_master after_return=True --out=json --static"
     ).stdout
     scheduled = json.loads(out)["master2"]
     assert scheduled["scheduled"] is True and scheduled["how"] == "systemctl stop salt-master"

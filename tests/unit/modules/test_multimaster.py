@@ -29,70 +29,11 @@ def other_user():
 
 
 @pytest.fixture
-def conf_dir(tmp_path):
-    """
-    The minion's config dir, with the master config a control minion reads its master's paths from.
-    """
-    conf = tmp_path / "conf"
-    conf.mkdir()
-    (conf / "minion").write_text("")
-    with open(conf / "master", "w", encoding="utf-8") as handle:
-        salt.utils.yaml.safe_dump(
-            {
-                "pki_dir": str(tmp_path / "master-pki"),
-                "cachedir": str(tmp_path / "master-cache"),
-                "pidfile": str(tmp_path / "master.pid"),
-                "user": pwd.getpwuid(os.getuid()).pw_name,
-            },
-            handle,
-        )
-    return conf
-
-
-@pytest.fixture
-def opts(tmp_path, conf_dir):
-    """
-    The module's ``__opts__``: the control minion of master2; tests change it in place.
-    """
-    return {
-        "id": "master2",
-        "conf_file": str(conf_dir / "minion"),
-        "pki_dir": str(tmp_path / "minion-pki"),
-        "pidfile": str(tmp_path / "minion.pid"),
-    }
-
-
-@pytest.fixture
-def pillar():
-    """
-    The module's ``__pillar__``, also what its ``pillar.get`` reads; tests change it in place.
-    """
-    return {
-        "multimaster": {
-            "masters": [
-                {"id": "master1", "host": "10.0.3.61", "config_dir": "/nonexistent/master1"},
-                {"id": "master2", "host": "10.0.3.230"},
-            ]
-        }
-    }
-
-
-@pytest.fixture
-def configure_loader_modules(mod, opts, pillar):
+def configure_loader_modules(mod, mod_dunders):
     """
     What Salt's loader would inject; pytest-salt-factories patches it in and restores it.
     """
-    return {
-        mod: {
-            "__opts__": opts,
-            "__pillar__": pillar,
-            "__salt__": {
-                "pillar.get": lambda key, default=None, **kw: pillar.get(key, default),
-            },
-            "__context__": {},
-            "__grains__": {"os_family": "Debian"},
-        }
-    }
+    return {mod: mod_dunders}
 
 
 def test_virtual(mod):
@@ -311,29 +252,7 @@ def test_unknown_user_and_missing_dir(mod, pki, tmp_path):
     assert mod.key_file_problems(str(tmp_path / "missing"), me()) == []
 
 
-# --- restarts, active master, reachability ------------------------------------------------
-
-
-def test_restart_minion_without_a_running_minion_does_nothing(mod, tmp_path):
-    result = mod.restart_minion()
-    assert result == {
-        "scheduled": False,
-        "reason": f"no running daemon recorded in {tmp_path / 'minion.pid'}",
-    }
-
-
-def test_restart_master_not_running(mod, tmp_path, defaults):
-    # The pidfile comes from this master's own config (the pillar entry), not an argument.
-    (tmp_path / "master.pid").write_text("not a pid\n")
-    mod.__context__["multimaster.defaults"] = defaults
-    mod.__opts__["cachedir"] = str(tmp_path / "cache")
-    ret = mod.restart_master()
-    assert ret["scheduled"] is False and str(tmp_path / "master.pid") in ret["reason"]
-
-
-def test_restart_master_takes_no_pidfile_argument(mod):
-    with pytest.raises(TypeError):
-        mod.restart_master(pidfile="/tmp/attacker.pid")
+# --- secrets, active master, reachability -------------------------------------------------
 
 
 SECRETS = {

@@ -1425,7 +1425,7 @@ def test_wait_minions_waits_out_a_pending_minion_restart(runner, monkeypatch):
 
     rounds = iter(
         [
-            {"minion1": False, "web1": "'multimaster.minion_settled' is not available."},
+            {"minion1": False, "web1": "'multimaster_daemons.minion_settled' is not available."},
             {},
             {"minion1": True},
         ]
@@ -1449,6 +1449,6 @@ def test_wait_minions_waits_out_a_pending_minion_restart(runner, monkeypatch):
     assert ret["retcode"] == 0 and ret["comment"] == "2 minions answer", ret
     assert (
         asked
-        == [(["minion1", "web1"], "multimaster.minion_settled")]
-        + [(["minion1"], "multimaster.minion_settled")] * 2
+        == [(["minion1", "web1"], "multimaster_daemons.minion_settled")]
+        + [(["minion1"], "multimaster_daemons.minion_settled")] * 2
     )

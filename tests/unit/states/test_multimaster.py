@@ -1,7 +1,8 @@
 """
 The state module ``_states/multimaster.py``, loaded under its own name; its ``__salt__`` holds
-the real execution-module functions (loaded the same way), so only the situation is staged. The
-dunders of both come from ``configure_loader_modules``, patched in for each test.
+the real execution-module functions (``multimaster`` and ``multimaster_daemons``, loaded the same
+way), so only the situation is staged. The dunders of all three come from
+``configure_loader_modules``, patched in for each test.
 """
 
 import os
@@ -32,7 +33,7 @@ def mod_opts(tmp_path):
 
 
 @pytest.fixture
-def configure_loader_modules(mod, state, mod_opts, opts):
+def configure_loader_modules(mod, daemons, state, mod_opts, opts):
     """
     What Salt's loader would inject into both; pytest-salt-factories patches it in and restores
     it.
@@ -43,11 +44,16 @@ def configure_loader_modules(mod, state, mod_opts, opts):
             "__salt__": {},
             "__context__": {},
         },
+        daemons: {
+            "__opts__": mod_opts,
+            "__salt__": {"multimaster.settings": mod.settings},
+            "__context__": {},
+        },
         state: {
             "__opts__": opts,
             "__salt__": {
-                "multimaster.restart_minion": mod.restart_minion,
-                "multimaster.restart_master": mod.restart_master,
+                "multimaster_daemons.restart_minion": daemons.restart_minion,
+                "multimaster_daemons.restart_master": daemons.restart_master,
                 "multimaster.key_file_problems": mod.key_file_problems,
             },
             "__context__": {},
@@ -65,7 +71,7 @@ def test_virtual_needs_the_execution_module(state):
 def test_minion_restarted_test_mode_changes_nothing(state, opts, tmp_path):
     opts["test"] = True
     calls = []
-    state.__salt__["multimaster.restart_minion"] = lambda **kw: calls.append(kw)
+    state.__salt__["multimaster_daemons.restart_minion"] = lambda **kw: calls.append(kw)
     ret = state.minion_restarted("restart")
     assert ret == {
         "name": "restart",
@@ -93,7 +99,7 @@ def test_minion_restarted_reports_the_scheduled_restart(state):
         seen.update(service=service, delay=delay)
         return {"scheduled": True, "pid": 42, "how": "systemctl restart salt-minion"}
 
-    state.__salt__["multimaster.restart_minion"] = restart_minion
+    state.__salt__["multimaster_daemons.restart_minion"] = restart_minion
     ret = state.minion_restarted("restart", service="salt-minion@x", delay=2)
     assert seen == {"service": "salt-minion@x", "delay": 2}
     assert ret["result"] is True
@@ -102,7 +108,7 @@ def test_minion_restarted_reports_the_scheduled_restart(state):
 
 
 def test_master_restarted_not_running(state, tmp_path):
-    state.__salt__["multimaster.restart_master"] = lambda **kw: {
+    state.__salt__["multimaster_daemons.restart_master"] = lambda **kw: {
         "scheduled": False,
         "reason": "no running daemon recorded in /run/salt-master.pid",
     }
