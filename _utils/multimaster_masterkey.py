@@ -342,7 +342,9 @@ def sync_master_key(run, test=False, masters=None, timeout=180):
         # Hot with signing: the signing pair, then the master key (reported at the top).
         signing_pair, failed = _sync_pair(run, section, True, test, timeout)
         if failed:
-            return multimaster_control.finish(run, {"signing_pair": signing_pair}, True)
+            said = signing_pair.get("comment") or "failed on a master (see signing_pair)"
+            ret = {"comment": f"signing pair: {said}; the master key was not delivered"}
+            return multimaster_control.finish(run, {**ret, "signing_pair": signing_pair}, True)
     ret, failed = _sync_pair(run, section, pairs[-1], test, timeout)
     if len(pairs) > 1:
         ret["signing_pair"] = signing_pair
