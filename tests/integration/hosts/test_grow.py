@@ -81,6 +81,7 @@ salt-run multimaster.sync_keys
 # each master's runners now come from its own roots, before the restart that loads them
 salt 'master*' state.apply multimaster.master
 salt-run multimaster.wait_masters     # a salt command meets a restarting master; a runner waits
+salt-run multimaster.wait_minions     # the minions of a restarted master sign in again
 salt '*' state.apply multimaster.minion
 salt-run multimaster.wait_masters
 salt-run multimaster.wait_minions

@@ -50,6 +50,7 @@ salt-run multimaster.sync_roots
 salt-run multimaster.sync_keys
 salt 'master*' state.apply multimaster.master
 salt-run multimaster.wait_masters
+salt-run multimaster.wait_minions     # the minions of a restarted master sign in again
 salt '*' state.apply multimaster.minion
 salt-run multimaster.wait_minions
 salt-run multimaster.status

@@ -431,7 +431,8 @@ def test_a_hot_set_signs_its_shared_key_and_refuses_a_rotation(signing_set):
     assert keys["master2"]["master.pub"] == keys["master1"]["master.pub"]
     assert keys["master2"]["master_sign.pub"] == keys["master1"]["master_sign.pub"]
     pid = minion_pid(minion1)
-    master1.sh("salt minion1 state.apply multimaster.minion")
+    # minion1 signs in again to the restarted masters only seconds after they are up.
+    master1.sh("salt-run multimaster.wait_minions && salt minion1 state.apply multimaster.minion")
     signing_set.wait(
         "minion1 to restart as a hot minion",
         lambda: minion_pid(minion1) not in (None, pid),
