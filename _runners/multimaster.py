@@ -239,6 +239,27 @@ def wait_master_stopped(host, timeout=90, interval=1):
     return multimaster_settle.wait_master_stopped(_run(), host, timeout=timeout, interval=interval)
 
 
+def wait_cluster_member(host, timeout=180, interval=2):
+    """
+    Mode cluster: wait until the master at ``host`` (its address) is a voter or learner in the
+    Raft membership this master has applied (``cluster.members``), as the orchestration
+    ``add_master`` does after the new master started with the leader as its one peer.
+
+    timeout
+        Seconds to wait in all.
+
+    interval
+        Seconds between polls.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.wait_cluster_member 10.0.3.24
+    """
+    return multimaster_settle.wait_cluster_member(_run(), host, timeout=timeout, interval=interval)
+
+
 def wait_minions(tgt="*", timeout=180, interval=2):
     """
     Wait until every minion whose key this master has accepted and that ``tgt`` matches

@@ -26,6 +26,7 @@ import multimaster_reactions
 import multimaster_reactor
 import multimaster_seal
 import multimaster_settings
+import salt.runner
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 log = logging.getLogger(__name__)
@@ -307,6 +308,21 @@ def cluster_aes_rotated(run, timeout=60):
                 run, {"comment": "this key was shared moments ago; nothing to do"}, False
             )
         return share_cluster_aes(run, timeout=timeout)
+
+
+def members(run):
+    """
+    What ``cluster.members`` returns on this master (Salt's Raft membership as it has applied
+    it: voters, learners, ``leader_id``); a mapping with ``error`` when the runner fails.
+    """
+    try:
+        found = salt.runner.RunnerClient(run.opts).cmd("cluster.members", print_event=False)
+    except Exception as exc:  # pylint: disable=broad-except
+        log.warning("multimaster: cluster.members failed: %s", exc)
+        return {"error": "cluster.members failed on this master (its log has why)"}
+    if not isinstance(found, dict):
+        return {"error": f"cluster.members returned {found!r}"}
+    return found
 
 
 def started_master(run):

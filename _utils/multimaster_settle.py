@@ -1,11 +1,13 @@
 """
 The waits an orchestration runs between its steps: every master up with no restart pending
-(``wait_masters``), a removed master no longer listening (``wait_master_stopped``), every
-accepted minion answering (``wait_minions``).
+(``wait_masters``), a removed master no longer listening (``wait_master_stopped``), a joining
+cluster master a member (``wait_cluster_member``), every accepted minion answering
+(``wait_minions``).
 """
 
 import time
 
+import multimaster_cluster
 import multimaster_clustersync
 import multimaster_control
 import multimaster_daemon
@@ -82,6 +84,33 @@ def wait_master_stopped(run, host, timeout=90, interval=1):
         if waited > float(timeout):
             ret = {"comment": f"still listening on {', '.join(listening)} after {timeout}s"}
             return multimaster_control.finish(run, ret, True)
+        time.sleep(float(interval))
+
+
+def wait_cluster_member(run, host, timeout=180, interval=2):
+    """
+    The runner's ``wait_cluster_member``: poll ``cluster.members`` on this master until ``host``
+    is a voter or learner. Returns the report.
+    """
+    try:
+        multimaster_cluster.check_mode(
+            multimaster_control.section(run), "membership is a cluster matter"
+        )
+        _checked_host(host)
+    except SaltInvocationError as exc:
+        return multimaster_control.refused(run, exc)
+    start = time.monotonic()
+    while True:
+        members = multimaster_clustersync.members(run)
+        known = set(members.get("voters", [])) | set(members.get("learners", []))
+        waited = round(time.monotonic() - start, 1)
+        if host in known:
+            ret = {"comment": f"{host} is a member", "members": members, "waited": waited}
+            return multimaster_control.finish(run, ret, False)
+        if waited > float(timeout):
+            ret = {"comment": f"{host} is no member after {timeout}s", "members": members}
+            return multimaster_control.finish(run, ret, True)
+        run.progress(f"waiting for {host} to join the cluster ({round(waited)}s)")
         time.sleep(float(interval))
 
 

@@ -9,10 +9,10 @@ cache, which minions answer); in mode cluster it reports Salt's Raft membership 
 instead. Read-only everywhere.
 """
 
-import logging
 import os
 
 import multimaster_cluster
+import multimaster_clustersync
 import multimaster_control
 import multimaster_daemon
 import multimaster_jobcache
@@ -26,7 +26,6 @@ import multimaster_masterkeyfiles
 import multimaster_rootsplan
 import multimaster_rootsync
 import multimaster_seal
-import salt.runner
 import salt.utils.json
 from salt.exceptions import SaltInvocationError
 
@@ -92,9 +91,6 @@ def master_report(minion_opts, master, mopts, signing=False, ping_timeout=5):
     return report
 
 
-log = logging.getLogger(__name__)
-
-
 # --- runner side -----------------------------------------------------------------------------
 
 
@@ -117,11 +113,7 @@ def cluster_status(run, section):
     Mode cluster: Salt's Raft membership as this master sees it (``cluster.members``) and the
     ports up (``multimaster_cluster.status_report``).
     """
-    try:
-        members = salt.runner.RunnerClient(run.opts).cmd("cluster.members", print_event=False)
-    except Exception as exc:  # pylint: disable=broad-except
-        log.warning("multimaster: cluster.members failed: %s", exc)
-        members = {"error": "cluster.members failed on this master (its log has why)"}
+    members = multimaster_clustersync.members(run)
     return multimaster_control.finish(run, *multimaster_cluster.status_report(section, members))
 
 

@@ -5,7 +5,14 @@
     accepted on the primary. Run on the primary. Stops at the first failure; safe to re-run.
     The primary's multimaster.master comes before the key sync (not after it, with the other
     masters): the master key is sealed only to recipients in the primary's own config, and the
-    new control minion pulls transfers through the primary's peer_run. #}
+    new control minion pulls transfers through the primary's peer_run.
+
+    Mode cluster (run on any master; multimaster_balancer_minion names the HAProxy host's
+    minion; the new control minion is accepted and answers, connected to any master): the new
+    master starts with the Raft leader as its one peer and joins; the other masters gain it in
+    their peer lists, one at a time, this one last; share_peer_keys gives it the keys Salt did
+    not; it restarts with every peer and its control minion moves to it; cluster_ready; the
+    balancer adds it; status. #}
 {%- set tplroot = tpldir.split("/")[0] %}
 {%- from tplroot ~ "/map.jinja" import mapdata with context %}
 {%- set new_id = pillar.get("multimaster_new") %}
@@ -14,7 +21,20 @@
 {%- set found = mapdata.masters | selectattr("id", "equalto", new_id) | list %}
 {%- set others = mapdata.masters | rejectattr("id", "in", [primary.id, new_id]) | list %}
 
-{%- if not found or new_id == primary.id %}
+{%- set cluster = mapdata.mode == "cluster" %}
+{%- set balancer_minion = pillar.get("multimaster_balancer_minion") %}
+{#- multimaster_new is checked against the ids pillar lists, the balancer's minion here. #}
+{%- set problems = salt["multimaster.id_problems"]({
+      "pillar multimaster_balancer_minion": balancer_minion,
+    }) %}
+
+{%- if problems %}
+
+multimaster-orch-add-master-pillar-refused:
+  test.fail_without_changes:
+    - name: {{ problems | join("; ") | json }}
+    - failhard: true
+{%- elif not found or (new_id == primary.id and not cluster) %}
 
 multimaster-orch-add-master-refused:
   test.fail_without_changes:
@@ -23,6 +43,167 @@ multimaster-orch-add-master-refused:
         multimaster:masters ({{ mapdata.masters | map(attribute="id") | list | json }}), not the
         primary
     - failhard: true
+{%- elif cluster and not balancer_minion %}
+
+multimaster-orch-add-master-balancer-unknown:
+  test.fail_without_changes:
+    - name: >-
+        pillar multimaster_balancer_minion: got {{ balancer_minion | json }}; expected the minion
+        id of the HAProxy host of the cluster, where multimaster.haproxy adds {{ new_id | json }}
+    - failhard: true
+{%- elif cluster %}
+{%-   set new = found[0] %}
+{%-   set address = new.get("interface") or new.host %}
+{%-   set members = salt["saltutil.runner"]("cluster.members") %}
+{%-   if members is not mapping %}
+{%-     set members = {"error": members} %}
+{%-   endif %}
+{%-   set joined = address in (members.get("voters", []) + members.get("learners", [])) %}
+{%-   set leader = members.get("leader_id") %}
+{%-   if not joined and not leader %}
+
+multimaster-orch-add-master-no-leader:
+  test.fail_without_changes:
+    - name: >-
+        cluster.members on this master names no Raft leader ({{ members | json }}): the new
+        master joins through the leader; run salt-run multimaster.cluster_ready, then again
+    - failhard: true
+{%-   else %}
+
+{#- A control minion accepted moments ago signs in again only after its acceptance wait. #}
+multimaster-orch-add-master-new-control-minion-answers:
+  salt.runner:
+    - name: multimaster.wait_minions
+    - tgt: {{ new.minion_id | json }}
+    - timeout: 120
+    - failhard: true
+
+multimaster-orch-add-master-modules-synced:
+  salt.function:
+    - name: saltutil.sync_all
+    - tgt: [{{ new.minion_id | json }}]
+    - tgt_type: list
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-new-control-minion-answers
+{%-     set ns = namespace(last="multimaster-orch-add-master-modules-synced", own=[], others=[]) %}
+{%-     if not joined %}
+{#-       Salt 3008.3: a joiner talks only to the peers it lists, and one peer must be the
+          leader. Only this job sees the one-peer list; the pillar keeps the full one. #}
+{%-       set ns.masters = [] %}
+{%-       for master in salt["pillar.get"]("multimaster:masters", []) %}
+{%-         set ns.masters = ns.masters + [dict(master, cluster_peers=[leader])
+                                          if master.id == new_id else master] %}
+{%-       endfor %}
+{%-       set join_pillar = dict(multimaster=dict(masters=ns.masters)) %}
+
+multimaster-orch-add-master-new-master-joins:
+  salt.state:
+    - tgt: [{{ new.minion_id | json }}]
+    - tgt_type: list
+    - sls: multimaster.cluster
+    - pillar: {{ join_pillar | json }}
+    - queue: true
+    - failhard: true
+    - require:
+      - salt: {{ ns.last }}
+
+multimaster-orch-add-master-new-master-member:
+  salt.runner:
+    - name: multimaster.wait_cluster_member
+    - host: {{ address | json }}
+    - timeout: 180
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-new-master-joins
+{%-       set ns.last = "multimaster-orch-add-master-new-master-member" %}
+{%-     endif %}
+
+{#- Their peer lists gain it: each restarts once its job has returned, one at a time (masters
+    of a cluster that start together race their joins), this one last, so that it never
+    restarts while it waits for a return. #}
+{%-     set here = opts.get("interface") %}
+{%-     for master in mapdata.masters if master.id != new_id %}
+{%-       if (master.get("interface") or master.host) == here %}
+{%-         set ns.own = ns.own + [master.minion_id] %}
+{%-       else %}
+{%-         set ns.others = ns.others + [("peer-" ~ (ns.others | length + 1), [master.minion_id])] %}
+{%-       endif %}
+{%-     endfor %}
+{%-     for step, targets in ns.others + [("here", ns.own)] if targets %}
+
+multimaster-orch-add-master-masters-configured-{{ step }}:
+  salt.state:
+    - tgt: {{ targets | json }}
+    - tgt_type: list
+    - sls: multimaster.cluster
+    - queue: true
+    - failhard: true
+    - require:
+      - salt: {{ ns.last }}
+
+multimaster-orch-add-master-masters-settled-{{ step }}:
+  salt.runner:
+    - name: multimaster.wait_masters
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-masters-configured-{{ step }}
+{%-       set ns.last = "multimaster-orch-add-master-masters-settled-" ~ step %}
+{%-     endfor %}
+
+{#- A joiner holds only the public key of the peer it joined through. #}
+multimaster-orch-add-master-peer-keys-shared:
+  salt.runner:
+    - name: multimaster.share_peer_keys
+    - masters: {{ address | json }}
+    - failhard: true
+    - require:
+      - salt: {{ ns.last }}
+
+{#- Every peer in its list now, and its control minion moves to it (a cluster master's runners
+    reach it through its control minion, and only it holds that minion's session key). #}
+multimaster-orch-add-master-new-master-configured:
+  salt.state:
+    - tgt: [{{ new.minion_id | json }}]
+    - tgt_type: list
+    - sls: [multimaster.cluster, multimaster.minion]
+    - queue: true
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-peer-keys-shared
+
+multimaster-orch-add-master-new-master-settled:
+  salt.runner:
+    - name: multimaster.wait_masters
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-new-master-configured
+
+multimaster-orch-add-master-cluster-ready:
+  salt.runner:
+    - name: multimaster.cluster_ready
+    - timeout: 180
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-new-master-settled
+
+multimaster-orch-add-master-balancer-configured:
+  salt.state:
+    - tgt: [{{ balancer_minion | json }}]
+    - tgt_type: list
+    - sls: multimaster.haproxy
+    - queue: true
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-cluster-ready
+
+multimaster-orch-add-master-status:
+  salt.runner:
+    - name: multimaster.status
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-balancer-configured
+{%-   endif %}
 {%- else %}
 {%-   set new = found[0] %}
 

@@ -678,6 +678,43 @@ def test_add_master_refuses_a_crafted_id_by_name(rendered):
     assert '(["master1", "master2"])' in kwargs["name"], kwargs
 
 
+def test_add_master_in_mode_cluster_refuses_without_a_leader_to_join_through(rendered):
+    """
+    The new master joins through the Raft leader ``cluster.members`` names; where it names none
+    (here: no cluster state at all), nothing runs, and the message says what to do.
+    """
+    env, _ = rendered("cluster")
+    orch_pillar = {"multimaster_new": "127.0.0.3", "multimaster_balancer_minion": "lb1"}
+    high = states(render_orch(env, "add_master", **orch_pillar))
+    assert list(high) == ["multimaster-orch-add-master-no-leader"], list(high)
+    _, kwargs = args(high["multimaster-orch-add-master-no-leader"])
+    assert "names no Raft leader" in kwargs["name"], kwargs
+    assert "salt-run multimaster.cluster_ready" in kwargs["name"], kwargs
+
+
+@pytest.mark.parametrize(
+    "orch_pillar, says",
+    [
+        ({"multimaster_new": "127.0.0.3"}, "pillar multimaster_balancer_minion: got null"),
+        (
+            {"multimaster_new": "127.0.0.3", "multimaster_balancer_minion": CRAFTED},
+            "pillar multimaster_balancer_minion: ",
+        ),
+        (
+            {"multimaster_new": "127.0.0.9", "multimaster_balancer_minion": "lb1"},
+            'pillar multimaster_new: got "127.0.0.9"; expected the id of a master listed',
+        ),
+    ],
+    ids=["no balancer", "crafted balancer", "unlisted"],
+)
+def test_add_master_in_mode_cluster_refuses_bad_pillar_by_name(rendered, orch_pillar, says):
+    env, _ = rendered("cluster")
+    high = states(render_orch(env, "add_master", **orch_pillar))
+    assert len(high) == 1 and list(high)[0].startswith("multimaster-orch-add-master-"), high
+    _, kwargs = args(next(iter(high.values())))
+    assert says in kwargs["name"], kwargs
+
+
 def test_remove_master_of_a_dead_host_leaves_its_control_minion_out(rendered):
     env, _ = rendered("hot")
     orch_pillar = {"multimaster_remove": "master3", "multimaster_remove_unreachable": True}

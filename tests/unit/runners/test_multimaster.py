@@ -1135,6 +1135,43 @@ def test_cluster_ready_refuses_outside_mode_cluster(runner, use):
     assert ret["retcode"] == 1 and "readiness is a cluster matter" in ret["comment"], ret
 
 
+def test_wait_cluster_member_polls_until_the_address_is_a_member(runner, health, monkeypatch):
+    """Neither a voter nor a learner yet, then a learner: a member, and the report names it."""
+    views = iter(
+        [
+            {"voters": ["10.0.3.21"], "learners": []},
+            {"error": "cluster.members failed on this master (its log has why)"},
+            {"voters": ["10.0.3.21"], "learners": ["10.0.3.24"], "leader_id": "10.0.3.21"},
+        ]
+    )
+    monkeypatch.setattr(multimaster_clustersync, "members", lambda run: next(views))
+    ret = runner.wait_cluster_member("10.0.3.24", timeout=60, interval=1)
+    assert ret["retcode"] == 0 and ret["comment"] == "10.0.3.24 is a member", ret
+    assert ret["waited"] == 2.0
+
+
+def test_wait_cluster_member_fails_naming_the_address_after_the_timeout(
+    runner, health, monkeypatch
+):
+    monkeypatch.setattr(multimaster_clustersync, "members", lambda run: {"voters": ["10.0.3.21"]})
+    ret = runner.wait_cluster_member("10.0.3.24", timeout=3, interval=1)
+    assert ret["retcode"] == 1 and ret["comment"] == "10.0.3.24 is no member after 3s", ret
+    assert ret["members"] == {"voters": ["10.0.3.21"]}
+
+
+@pytest.mark.parametrize("host", [None, "", "10.0.3.24 10.0.3.25"])
+def test_wait_cluster_member_refuses_what_is_not_an_address(runner, health, monkeypatch, host):
+    monkeypatch.setattr(multimaster_clustersync, "members", lambda run: pytest.fail("asked"))
+    ret = runner.wait_cluster_member(host)
+    assert ret["retcode"] == 1 and f"host={host!r}: expected the address" in ret["comment"], ret
+
+
+def test_wait_cluster_member_refuses_outside_mode_cluster(runner, use):
+    use({})
+    ret = runner.wait_cluster_member("10.0.3.24", timeout=0)
+    assert ret["retcode"] == 1 and "membership is a cluster matter" in ret["comment"], ret
+
+
 @pytest.mark.parametrize("function", ["cluster_ready", "share_peer_keys"])
 def test_a_malformed_section_is_refused(runner, monkeypatch, function):
     def broken(*_, **__):
