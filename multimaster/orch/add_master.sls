@@ -197,12 +197,22 @@ multimaster-orch-add-master-balancer-configured:
     - require:
       - salt: multimaster-orch-add-master-cluster-ready
 
+{#- The balancer's source hash now sends some minions' requests to the new master, which holds
+    no session of theirs: each signs in again there at its next request. #}
+multimaster-orch-add-master-minions-answer:
+  salt.runner:
+    - name: multimaster.wait_minions
+    - timeout: 180
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-balancer-configured
+
 multimaster-orch-add-master-status:
   salt.runner:
     - name: multimaster.status
     - failhard: true
     - require:
-      - salt: multimaster-orch-add-master-balancer-configured
+      - salt: multimaster-orch-add-master-minions-answer
 {%-   endif %}
 {%- else %}
 {%-   set new = found[0] %}

@@ -86,19 +86,28 @@ def run_blocks(host_set, blocks):
         for name in block.hosts:
             result = host_set[name].sh(block.script, check=False, timeout=BLOCK_TIMEOUT, env=env)
             outputs.append(f"# {name}\n{result.stdout}{result.stderr}")
-            assert result.returncode == 0, "\n".join(outputs)
+            assert result.returncode == 0, "\n".join([*outputs, minion_log_tail(host_set)])
 
 
 def assert_serves_the_cluster(host, masters):
     """
-    A job from ``host``'s master reaches minion1, and ``multimaster.status`` there passes with
-    ``masters`` the voters and the balancer and every backend up.
+    A job from ``host``'s master reaches every minion (minion1 behind the balancer, lb1, the
+    control minions of ``masters``), and ``multimaster.status`` there passes with ``masters``
+    the voters and the balancer and every backend up.
     """
-    ping = host.sh("salt minion1 test.ping --out=json --static").stdout
-    assert json.loads(ping) == {"minion1": True}, (host.name, ping)
+    minions = sorted({*masters, "lb1", "minion1"})
+    ping = host.sh("salt '*' test.ping --out=json --static", check=False).stdout
+    assert json.loads(ping or "{}") == dict.fromkeys(minions, True), (host.name, ping)
     status = host.sh("salt-run multimaster.status --out=json", check=False)
     assert status.returncode == 0, (host.name, status.stdout, status.stderr)
     report = json.loads(status.stdout)
     assert sorted(report["cluster"]["voters"]) == sorted(HOSTS[m] for m in masters)
     assert report["balancer"] == {"publish": True, "ret": True}
     assert report["backends_down"] == []
+
+
+def minion_log_tail(host_set, lines=40):
+    """The end of minion1's log (it knows only the balancer), for a failure's message."""
+    log = host_set["minion1"].path("/var/log/salt/minion")
+    text = log.read_text(errors="replace") if log.exists() else "(no log)"
+    return "# minion1's log\n" + "\n".join(text.splitlines()[-lines:])
