@@ -36,6 +36,8 @@ ADDED, ADDED_MINION_OF = "salt4", HOSTS["salt1"]
 BALANCER = "10.0.3.20"
 # The master each bootstrapped minion knows, as the page's bootstrap lines give it.
 MASTER_OF = {**{m: HOSTS[m] for m in MASTERS}, "lb1": HOSTS["salt1"], "minion1": BALANCER}
+# How long every minion may take to answer a master's job after the walk-through.
+EVERY_MINION_TIMEOUT = 90
 # What one block may take at most (the cluster forming, the minions' keys).
 BLOCK_TIMEOUT = 300
 
@@ -96,8 +98,15 @@ def assert_serves_the_cluster(host, masters):
     the voters and the balancer and every backend up.
     """
     minions = sorted({*masters, "lb1", "minion1"})
-    ping = host.sh("salt '*' test.ping --out=json --static", check=False).stdout
-    assert json.loads(ping or "{}") == dict.fromkeys(minions, True), (host.name, ping)
+    started, ping = time.monotonic(), None
+    while time.monotonic() - started < EVERY_MINION_TIMEOUT:
+        ping = host.sh("salt '*' test.ping --out=json --static", check=False).stdout
+        if json.loads(ping or "{}") == dict.fromkeys(minions, True):
+            break
+        time.sleep(5)
+    keys = host.sh("salt-key -L --out=json", check=False).stdout
+    assert json.loads(ping or "{}") == dict.fromkeys(minions, True), (host.name, ping, keys)
+    print(f"{host.name}: every minion answered after {time.monotonic() - started:.0f} s")
     status = host.sh("salt-run multimaster.status --out=json", check=False)
     assert status.returncode == 0, (host.name, status.stdout, status.stderr)
     report = json.loads(status.stdout)
