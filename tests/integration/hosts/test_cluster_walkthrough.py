@@ -71,6 +71,7 @@ def test_a_fourth_master_is_added_with_one_orchestration(host_set):
     rerun = host_set["salt1"].sh(ADD_AGAIN, check=False, timeout=BLOCK_TIMEOUT)
     assert rerun.returncode == 0, (rerun.stdout, rerun.stderr)
     assert "new-master-joins" not in rerun.stdout, rerun.stdout
+    print_orchestration_time("salt1 (re-run)", rerun.stdout)
     masters = (*MASTERS, ADDED)
     for name in masters:
         assert_serves_the_cluster(host_set[name], masters)
@@ -89,6 +90,8 @@ def run_blocks(host_set, blocks):
             result = host_set[name].sh(block.script, check=False, timeout=BLOCK_TIMEOUT, env=env)
             outputs.append(f"# {name}\n{result.stdout}{result.stderr}")
             assert result.returncode == 0, "\n".join([*outputs, minion_log_tail(host_set)])
+            if "state.orch" in block.script:
+                print_orchestration_time(name, result.stdout)
 
 
 def assert_serves_the_cluster(host, masters):
@@ -113,6 +116,12 @@ def assert_serves_the_cluster(host, masters):
     assert sorted(report["cluster"]["voters"]) == sorted(HOSTS[m] for m in masters)
     assert report["balancer"] == {"publish": True, "ret": True}
     assert report["backends_down"] == []
+
+
+def print_orchestration_time(name, stdout):
+    """The run time an orchestration's output ends with (its last ``Total run time``)."""
+    times = [line.strip() for line in stdout.splitlines() if "Total run time:" in line]
+    print(f"{name}: orchestration {times[-1] if times else '(no run time printed)'}")
 
 
 def minion_log_tail(host_set, lines=40):
