@@ -12,7 +12,7 @@
     master starts with the Raft leader as its one peer and joins; the other masters gain it in
     their peer lists, one at a time, this one last; share_peer_keys gives it the keys Salt did
     not; it restarts with every peer and its control minion moves to it; cluster_ready; the
-    balancer adds it; status. #}
+    balancer adds it; the minions answer; status. #}
 {%- set tplroot = tpldir.split("/")[0] %}
 {%- from tplroot ~ "/map.jinja" import mapdata with context %}
 {%- set new_id = pillar.get("multimaster_new") %}
@@ -55,8 +55,11 @@ multimaster-orch-add-master-balancer-unknown:
 {%-   set new = found[0] %}
 {%-   set address = new.get("interface") or new.host %}
 {%-   set members = salt["saltutil.runner"]("cluster.members") %}
-{%-   if members is not mapping %}
-{%-     set members = {"error": members} %}
+{#-   A runner that raised returns its traceback as text: logged here, never shown. #}
+{%-   set failed = members is not mapping %}
+{%-   if failed %}
+{%-     do salt["log.error"]("multimaster: cluster.members failed: " ~ members) %}
+{%-     set members = {} %}
 {%-   endif %}
 {%-   set joined = address in (members.get("voters", []) + members.get("learners", [])) %}
 {%-   set leader = members.get("leader_id") %}
@@ -65,8 +68,10 @@ multimaster-orch-add-master-balancer-unknown:
 multimaster-orch-add-master-no-leader:
   test.fail_without_changes:
     - name: >-
-        cluster.members on this master names no Raft leader ({{ members | json }}): the new
-        master joins through the leader; run salt-run multimaster.cluster_ready, then again
+        {{ "cluster.members failed on this master (its log has why)" if failed else
+           "cluster.members on this master names no Raft leader (voters: "
+           ~ (members.get("voters", []) | json) ~ ")" }}: the new master joins through the
+        leader; run salt-run multimaster.cluster_ready, then again
     - failhard: true
 {%-   else %}
 
