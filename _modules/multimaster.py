@@ -22,6 +22,7 @@ import salt.utils.files
 from salt.exceptions import CommandExecutionError
 
 try:
+    import multimaster_cluster
     import multimaster_clustersync
     import multimaster_daemon
     import multimaster_haproxy
@@ -358,6 +359,55 @@ def id_problems(ids):
             f"ids: got {ids!r}; expected a mapping of what each value is to the value"
         )
     return multimaster_ids.problems(ids)
+
+
+def cluster_restart_order(leave_out=None):
+    """
+    Mode cluster: the order the orchestrations restart the masters in, ``[[step, [minion
+    id]]]``: one master per step, the master this runs on (its ``interface``) last. Run where
+    an orchestration renders, on a master.
+
+    leave_out
+        Ids of masters not to restart (the one being added or removed).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run salt.cmd multimaster.cluster_restart_order
+    """
+    masters = settings()["masters"]
+    order = multimaster_cluster.restart_order(masters, __opts__.get("interface"), leave_out or [])
+    return [[step, targets] for step, targets in order]
+
+
+def cluster_join_plan(new_id):
+    """
+    Mode cluster: how the listed master ``new_id`` joins, as ``multimaster.orch.add_master``
+    renders it on a master: ``{"joined", "leader", "masters", "problem"}`` from this master's
+    ``cluster.members``; ``masters`` is pillar's list with the new entry's ``cluster_peers`` set
+    to the leader, for the join job alone.
+
+    new_id
+        The joining master's id (its address).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run salt.cmd multimaster.cluster_join_plan 10.0.3.24
+    """
+    found = [m for m in settings()["masters"] if m["id"] == new_id]
+    if not found:
+        raise CommandExecutionError(
+            f"new_id: got {new_id!r}; expected the id of a master in multimaster:masters"
+        )
+    return multimaster_cluster.join_plan(
+        __pillar__.get("multimaster", {}).get("masters", []),
+        new_id,
+        multimaster_pillarcheck.cluster_address(found[0]),
+        multimaster_clustersync.members(__opts__),
+    )
 
 
 def active_master():

@@ -685,3 +685,46 @@ def status_report(section, members):
 
 def _ports_open(address, ports):
     return {name: multimaster_daemon.port_open(address, ports[name]) for name in ("publish", "ret")}
+
+
+def restart_order(masters, here, leave_out=()):
+    """
+    ``[(step, [minion id])]``: the masters of ``masters`` but ``leave_out`` (ids), restarted
+    one at a time (masters of a cluster that start together race their joins: one kept an AES
+    key of its own), each a step ``peer-<n>`` of its own, and last, as step ``here``, the one
+    whose address is ``here``: the master running the orchestration never restarts while it
+    waits for a return.
+    """
+    kept = [m for m in masters if m["id"] not in leave_out]
+    own = [m["minion_id"] for m in kept if multimaster_pillarcheck.cluster_address(m) == here]
+    others = [m for m in kept if multimaster_pillarcheck.cluster_address(m) != here]
+    steps = [(f"peer-{index}", [m["minion_id"]]) for index, m in enumerate(others, 1)]
+    return steps + ([("here", own)] if own else [])
+
+
+def join_plan(masters, new_id, address, members):
+    """
+    How the master ``new_id`` (at ``address``) joins: ``{"joined", "leader", "masters",
+    "problem"}``. ``masters`` is pillar's ``multimaster:masters``, returned with the new entry's
+    ``cluster_peers`` set to the Raft leader for the join job alone (Salt 3008.3: a joiner talks
+    only to the peers it lists, and one of them must be the leader); ``problem`` says why it
+    cannot join when it is no member and ``members`` (``cluster.members`` here, or
+    ``{"error": ...}``) names no leader.
+    """
+    joined = address in set(members.get("voters", [])) | set(members.get("learners", []))
+    leader = members.get("leader_id")
+    problem = None
+    if not joined and not leader:
+        problem = members.get("error") or (
+            f"cluster.members on this master names no Raft leader (voters: "
+            f"{members.get('voters', [])})"
+        )
+    return {
+        "joined": joined,
+        "leader": leader,
+        "masters": [
+            dict(m, cluster_peers=[leader]) if m.get("id") == new_id and leader else m
+            for m in masters
+        ],
+        "problem": problem,
+    }

@@ -310,18 +310,22 @@ def cluster_aes_rotated(run, timeout=60):
         return share_cluster_aes(run, timeout=timeout)
 
 
-def members(run):
+MEMBERS_FAILED = "cluster.members failed on this master (its log has why)"
+
+
+def members(opts):
     """
-    What ``cluster.members`` returns on this master (Salt's Raft membership as it has applied
-    it: voters, learners, ``leader_id``); a mapping with ``error`` when the runner fails.
+    What ``cluster.members`` returns on the master of ``opts`` (Salt's Raft membership as it
+    has applied it: voters, learners, ``leader_id``); ``{"error": MEMBERS_FAILED}`` when the
+    runner fails. Salt returns a runner's traceback as its text: logged, never returned.
     """
     try:
-        found = salt.runner.RunnerClient(run.opts).cmd("cluster.members", print_event=False)
+        found = salt.runner.RunnerClient(opts).cmd("cluster.members", print_event=False)
     except Exception as exc:  # pylint: disable=broad-except
-        log.warning("multimaster: cluster.members failed: %s", exc)
-        return {"error": "cluster.members failed on this master (its log has why)"}
+        found = exc
     if not isinstance(found, dict):
-        return {"error": f"cluster.members returned {found!r}"}
+        log.warning("multimaster: cluster.members failed: %s", found)
+        return {"error": MEMBERS_FAILED}
     return found
 
 

@@ -101,7 +101,7 @@ def wait_cluster_member(run, host, timeout=180, interval=2):
         return multimaster_control.refused(run, exc)
     start = time.monotonic()
     while True:
-        members = multimaster_clustersync.members(run)
+        members = multimaster_clustersync.members(run.opts)
         known = set(members.get("voters", [])) | set(members.get("learners", []))
         waited = round(time.monotonic() - start, 1)
         if host in known:

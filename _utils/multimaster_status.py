@@ -113,7 +113,7 @@ def cluster_status(run, section):
     Mode cluster: Salt's Raft membership as this master sees it (``cluster.members``) and the
     ports up (``multimaster_cluster.status_report``).
     """
-    members = multimaster_clustersync.members(run)
+    members = multimaster_clustersync.members(run.opts)
     return multimaster_control.finish(run, *multimaster_cluster.status_report(section, members))
 
 

@@ -53,25 +53,14 @@ multimaster-orch-add-master-balancer-unknown:
     - failhard: true
 {%- elif cluster %}
 {%-   set new = found[0] %}
-{%-   set address = new.get("interface") or new.host %}
-{%-   set members = salt["saltutil.runner"]("cluster.members") %}
-{#-   A runner that raised returns its traceback as text: logged here, never shown. #}
-{%-   set failed = members is not mapping %}
-{%-   if failed %}
-{%-     do salt["log.error"]("multimaster: cluster.members failed: " ~ members) %}
-{%-     set members = {} %}
-{%-   endif %}
-{%-   set joined = address in (members.get("voters", []) + members.get("learners", [])) %}
-{%-   set leader = members.get("leader_id") %}
-{%-   if not joined and not leader %}
+{%-   set join = salt["multimaster.cluster_join_plan"](new_id) %}
+{%-   if join.problem %}
 
 multimaster-orch-add-master-no-leader:
   test.fail_without_changes:
     - name: >-
-        {{ "cluster.members failed on this master (its log has why)" if failed else
-           "cluster.members on this master names no Raft leader (voters: "
-           ~ (members.get("voters", []) | json) ~ ")" }}: the new master joins through the
-        leader; run salt-run multimaster.cluster_ready, then again
+        {{ join.problem }}: the new master joins through the leader; run
+        salt-run multimaster.cluster_ready, then again
     - failhard: true
 {%-   else %}
 
@@ -91,16 +80,9 @@ multimaster-orch-add-master-modules-synced:
     - failhard: true
     - require:
       - salt: multimaster-orch-add-master-new-control-minion-answers
-{%-     set ns = namespace(last="multimaster-orch-add-master-modules-synced", own=[], others=[]) %}
-{%-     if not joined %}
-{#-       Salt 3008.3: a joiner talks only to the peers it lists, and one peer must be the
-          leader. Only this job sees the one-peer list; the pillar keeps the full one. #}
-{%-       set ns.masters = [] %}
-{%-       for master in salt["pillar.get"]("multimaster:masters", []) %}
-{%-         set ns.masters = ns.masters + [dict(master, cluster_peers=[leader])
-                                          if master.id == new_id else master] %}
-{%-       endfor %}
-{%-       set join_pillar = dict(multimaster=dict(masters=ns.masters)) %}
+{%-     set ns = namespace(last="multimaster-orch-add-master-modules-synced") %}
+{%-     if not join.joined %}
+{%-       set join_pillar = dict(multimaster=dict(masters=join.masters)) %}
 
 multimaster-orch-add-master-new-master-joins:
   salt.state:
@@ -116,7 +98,7 @@ multimaster-orch-add-master-new-master-joins:
 multimaster-orch-add-master-new-master-member:
   salt.runner:
     - name: multimaster.wait_cluster_member
-    - host: {{ address | json }}
+    - host: {{ new_id | json }}
     - timeout: 180
     - failhard: true
     - require:
@@ -124,18 +106,8 @@ multimaster-orch-add-master-new-master-member:
 {%-       set ns.last = "multimaster-orch-add-master-new-master-member" %}
 {%-     endif %}
 
-{#- Their peer lists gain it: each restarts once its job has returned, one at a time (masters
-    of a cluster that start together race their joins), this one last, so that it never
-    restarts while it waits for a return. #}
-{%-     set here = opts.get("interface") %}
-{%-     for master in mapdata.masters if master.id != new_id %}
-{%-       if (master.get("interface") or master.host) == here %}
-{%-         set ns.own = ns.own + [master.minion_id] %}
-{%-       else %}
-{%-         set ns.others = ns.others + [("peer-" ~ (ns.others | length + 1), [master.minion_id])] %}
-{%-       endif %}
-{%-     endfor %}
-{%-     for step, targets in ns.others + [("here", ns.own)] if targets %}
+{#- Their peer lists gain it: each restarts once its job has returned, one at a time. #}
+{%-     for step, targets in salt["multimaster.cluster_restart_order"]([new_id]) %}
 
 multimaster-orch-add-master-masters-configured-{{ step }}:
   salt.state:
@@ -160,7 +132,7 @@ multimaster-orch-add-master-masters-settled-{{ step }}:
 multimaster-orch-add-master-peer-keys-shared:
   salt.runner:
     - name: multimaster.share_peer_keys
-    - masters: {{ address | json }}
+    - masters: {{ new_id | json }}
     - failhard: true
     - require:
       - salt: {{ ns.last }}

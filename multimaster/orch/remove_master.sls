@@ -140,16 +140,8 @@ multimaster-orch-remove-master-peer-forgotten:
     peer refuses a join whose token another start replaced, and that master keeps an AES key
     of its own). The master running this orchestration goes last, so that it never restarts
     while it waits for a return. #}
-{%-   set here = opts.get("interface") %}
-{%-   set ns = namespace(own=[], others=[], last="multimaster-orch-remove-master-peer-forgotten") %}
-{%-   for master in mapdata.masters %}
-{%-     if (master.get("interface") or master.host) == here %}
-{%-       set ns.own = ns.own + [master.minion_id] %}
-{%-     else %}
-{%-       set ns.others = ns.others + [("peer-" ~ (ns.others | length + 1), [master.minion_id])] %}
-{%-     endif %}
-{%-   endfor %}
-{%-   for step, targets in ns.others + [("here", ns.own)] if targets %}
+{%-   set ns = namespace(last="multimaster-orch-remove-master-peer-forgotten") %}
+{%-   for step, targets in salt["multimaster.cluster_restart_order"]() %}
 
 multimaster-orch-remove-master-masters-configured-{{ step }}:
   salt.state:

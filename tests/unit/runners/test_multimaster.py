@@ -1144,16 +1144,35 @@ def test_wait_cluster_member_polls_until_the_address_is_a_member(runner, health,
             {"voters": ["10.0.3.21"], "learners": ["10.0.3.24"], "leader_id": "10.0.3.21"},
         ]
     )
-    monkeypatch.setattr(multimaster_clustersync, "members", lambda run: next(views))
+    monkeypatch.setattr(multimaster_clustersync, "members", lambda opts: next(views))
     ret = runner.wait_cluster_member("10.0.3.24", timeout=60, interval=1)
     assert ret["retcode"] == 0 and ret["comment"] == "10.0.3.24 is a member", ret
     assert ret["waited"] == 2.0
 
 
+@pytest.mark.parametrize(
+    "raised", [False, True], ids=["traceback returned as text", "exception raised"]
+)
+def test_cluster_members_that_failed_is_named_without_the_traceback(monkeypatch, raised):
+    trace = "Exception occurred in runner cluster.members: Traceback (most recent call last)"
+
+    class Client:
+        def __init__(self, opts):
+            pass
+
+        def cmd(self, *args, **kwargs):
+            if raised:
+                raise RuntimeError(trace)
+            return trace
+
+    monkeypatch.setattr(multimaster_clustersync.salt.runner, "RunnerClient", Client)
+    assert multimaster_clustersync.members({}) == {"error": multimaster_clustersync.MEMBERS_FAILED}
+
+
 def test_wait_cluster_member_fails_naming_the_address_after_the_timeout(
     runner, health, monkeypatch
 ):
-    monkeypatch.setattr(multimaster_clustersync, "members", lambda run: {"voters": ["10.0.3.21"]})
+    monkeypatch.setattr(multimaster_clustersync, "members", lambda opts: {"voters": ["10.0.3.21"]})
     ret = runner.wait_cluster_member("10.0.3.24", timeout=3, interval=1)
     assert ret["retcode"] == 1 and ret["comment"] == "10.0.3.24 is no member after 3s", ret
     assert ret["members"] == {"voters": ["10.0.3.21"]}
@@ -1161,7 +1180,7 @@ def test_wait_cluster_member_fails_naming_the_address_after_the_timeout(
 
 @pytest.mark.parametrize("host", [None, "", "10.0.3.24 10.0.3.25"])
 def test_wait_cluster_member_refuses_what_is_not_an_address(runner, health, monkeypatch, host):
-    monkeypatch.setattr(multimaster_clustersync, "members", lambda run: pytest.fail("asked"))
+    monkeypatch.setattr(multimaster_clustersync, "members", lambda opts: pytest.fail("asked"))
     ret = runner.wait_cluster_member(host)
     assert ret["retcode"] == 1 and f"host={host!r}: expected the address" in ret["comment"], ret
 

@@ -235,3 +235,49 @@ def test_status_fails_on_a_missing_member_a_closed_port_or_no_leader(monkeypatch
     assert mc.status_report(section, dict(members, leader_id=None))[1] is True
     ret, failed = mc.status_report(section, "no such runner")
     assert failed and ret["cluster"]["error"] == "cluster.members returned 'no such runner'"
+
+
+CLUSTER_SET = [
+    {"id": "10.0.3.21", "host": "10.0.3.21", "minion_id": "salt1"},
+    {"id": "10.0.3.22", "host": "10.0.3.22", "minion_id": "salt2"},
+    {"id": "10.0.3.23", "host": "10.0.3.23", "interface": "10.0.3.23", "minion_id": "salt3"},
+    {"id": "10.0.3.24", "host": "10.0.3.24", "minion_id": "salt4"},
+]
+
+
+def test_restart_order_is_one_master_a_step_this_one_last_and_leaves_out_the_new_one():
+    order = mc.restart_order(CLUSTER_SET, "10.0.3.22", ["10.0.3.24"])
+    assert order == [("peer-1", ["salt1"]), ("peer-2", ["salt3"]), ("here", ["salt2"])]
+    # Run on a host that is no listed master: every master a peer step, no "here".
+    assert [s for s, _ in mc.restart_order(CLUSTER_SET, "10.9.9.9")] == [
+        "peer-1",
+        "peer-2",
+        "peer-3",
+        "peer-4",
+    ]
+
+
+def test_join_plan_lists_the_leader_as_the_new_masters_one_peer_for_the_join_only():
+    members = {"voters": ["10.0.3.21", "10.0.3.22"], "leader_id": "10.0.3.22"}
+    plan = mc.join_plan(CLUSTER_SET, "10.0.3.24", "10.0.3.24", members)
+    assert plan["joined"] is False and plan["leader"] == "10.0.3.22" and plan["problem"] is None
+    assert plan["masters"][3] == {**CLUSTER_SET[3], "cluster_peers": ["10.0.3.22"]}
+    assert plan["masters"][:3] == CLUSTER_SET[:3] and "cluster_peers" not in CLUSTER_SET[3]
+
+
+def test_join_plan_of_a_member_has_nothing_to_join():
+    members = {"voters": ["10.0.3.21"], "learners": ["10.0.3.24"]}
+    plan = mc.join_plan(CLUSTER_SET, "10.0.3.24", "10.0.3.24", members)
+    assert plan["joined"] is True and plan["problem"] is None
+
+
+@pytest.mark.parametrize(
+    "members, says",
+    [
+        ({"voters": ["10.0.3.21"]}, "names no Raft leader (voters: ['10.0.3.21'])"),
+        ({"error": "cluster.members failed on this master (its log has why)"}, "failed"),
+    ],
+)
+def test_join_plan_without_a_leader_names_the_problem(members, says):
+    plan = mc.join_plan(CLUSTER_SET, "10.0.3.24", "10.0.3.24", members)
+    assert plan["joined"] is False and says in plan["problem"], plan
