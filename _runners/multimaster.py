@@ -574,7 +574,8 @@ def status(masters=None, timeout=30, ping_timeout=5, test=False):
     their minion-key sets are equal (digests, and the differing ids), problems of their key
     stores, whether their roots are equal (a digest per master per root, and the differing
     paths), which commits they serve per git remote, whether the job cache database they share
-    answers (``job_cache``), and which masters each minion answers.
+    answers (``job_cache``), and which masters each minion answers. Each "equal" is ``True``
+    only when every master answered: ``None`` when those that answered agree but one did not.
     In mode cluster: the Raft members as this master sees them (voters, learners, leader,
     configured masters missing), the balancer's frontends and every master's ports up.
     Read-only: ``test=True`` (accepted like every runner here) changes nothing either.

@@ -125,17 +125,22 @@ def _set_status(run, section, timeout, ping_timeout):
     signing = multimaster_masterkey.uses_signing(section)
     reports, errors = _master_reports(run, section, signing, timeout, ping_timeout)
     reachable = [m for m in multimaster_control.ids(section) if m in reports]
+    complete = len(reachable) == len(multimaster_control.ids(section))
     ret = {"masters": _masters_part(section, reports, errors, signing)}
-    key_ok = _master_key_part(ret, section, reports, reachable, signing)
-    ret["keys_equal"] = len({reports[m]["keys"]["digest"] for m in reachable}) <= 1
-    if not ret["keys_equal"]:
+    key_ok = _master_key_part(ret, section, reports, reachable, signing, complete)
+    ret["keys_equal"] = _agreement(
+        len({reports[m]["keys"]["digest"] for m in reachable}) <= 1, complete
+    )
+    if ret["keys_equal"] is False:
         ret["keys_differ"] = _keys_differ(run, section, timeout)
     ret["minions"] = _answering_matrix(section, reports)
-    roots, roots_equal = _roots_status(run, section, reports, timeout) if reachable else ({}, True)
+    roots, roots_equal = (
+        _roots_status(run, section, reports, timeout, complete) if reachable else ({}, True)
+    )
     ret.update(roots)
     job_cache, job_cache_ok = _job_cache_status(reports, reachable)
     ret.update(job_cache)
-    failed = bool(errors) or not ret["keys_equal"] or not key_ok or not roots_equal
+    failed = bool(errors) or ret["keys_equal"] is False or not key_ok or not roots_equal
     return multimaster_control.finish(run, ret, failed or not job_cache_ok)
 
 
@@ -188,19 +193,33 @@ def _masters_part(section, reports, errors, signing):
     return part
 
 
-def _master_key_part(ret, section, reports, reachable, signing):
+def _agreement(alike, complete):
     """
-    Add to ``ret`` whether the reachable masters store the same key (and, signing, whether it
-    is the configured public key); return whether all is well.
+    Whether every master holds the same: ``False`` when the masters that answered differ
+    (``alike`` false); ``True`` when they are alike and every master answered (``complete``);
+    ``None`` when they are alike but a master did not answer: not known, never a ``True`` made
+    of the masters that happened to answer.
+    """
+    if not alike:
+        return False
+    return True if complete else None
+
+
+def _master_key_part(ret, section, reports, reachable, signing, complete):
+    """
+    Add to ``ret`` whether the masters store the same key (and, signing, whether it is the
+    configured public key), as ``agreement`` says it; return whether all is well.
     """
     fps = {reports[m]["master_key"]["fp"] for m in reachable}
     # Signing mode: each master keeps its own key; what must be shared is the signing pair.
-    ret["same_signing_key" if signing else "same_master_key"] = len(fps) == 1
+    same = _agreement(len(fps) <= 1, complete)
+    ret["same_signing_key" if signing else "same_master_key"] = same
     if not signing:
-        return len(fps) == 1
+        return same is True
     configured = multimaster_keys.fingerprint(section["signing"].get("public_key", ""))
-    ret["signing_public_key_matches"] = fps == {configured}
-    return len(fps) == 1 and ret["signing_public_key_matches"]
+    matches = _agreement(fps <= {configured}, complete)
+    ret["signing_public_key_matches"] = matches
+    return same is True and matches is True
 
 
 def _keys_differ(run, section, timeout):
@@ -242,7 +261,7 @@ def _root_digests(report):
     }
 
 
-def _roots_status(run, section, reports, timeout):
+def _roots_status(run, section, reports, timeout, complete):
     """
     ``(part, equal)``: each root's digest per master (the roots a master serves from disk,
     paired by kind, environment and position) and, where they differ, which paths differ from
@@ -250,15 +269,15 @@ def _roots_status(run, section, reports, timeout):
     serves per git remote.
     """
     reachable = [m for m in multimaster_control.ids(section) if m in reports]
-    part, differing = _roots_part(reports, reachable)
+    part, differing = _roots_part(reports, reachable, complete)
     if differing:
         part["roots_differ"] = _roots_paths_differ(run, section, reachable, differing, timeout)
-    git, git_equal = _git_part(reports, reachable)
+    git, git_equal = _git_part(reports, reachable, complete)
     part.update(git)
-    return part, not differing and git_equal
+    return part, not differing and git_equal is not False
 
 
-def _roots_part(reports, reachable):
+def _roots_part(reports, reachable, complete):
     """
     ``(part, differing)``: each root's digest and path per master, whether all are equal, and
     the roots (``(kind, env, position)``) whose digests differ.
@@ -275,11 +294,11 @@ def _roots_part(reports, reachable):
         }
         if len({v[1] if v else None for v in seen.values()}) > 1:
             differing.append(slot)
-    part["roots_equal"] = not differing
+    part["roots_equal"] = _agreement(not differing, complete)
     return part, differing
 
 
-def _git_part(reports, reachable):
+def _git_part(reports, reachable, complete):
     """
     ``(part, equal)``: per git remote, "same commits" or each master's commit per branch, and
     whether all serve the same; an empty part when no master serves a git remote.
@@ -302,8 +321,8 @@ def _git_part(reports, reachable):
                 for m, c in commits.items()
             }
         )
-    part["git_equal"] = equal
-    return part, equal
+    part["git_equal"] = _agreement(equal, complete)
+    return part, part["git_equal"]
 
 
 def _roots_paths_differ(run, section, reachable, slots, timeout):
