@@ -208,7 +208,7 @@ def _agreement(alike, complete):
 def _master_key_part(ret, section, reports, reachable, signing, complete):
     """
     Add to ``ret`` whether the masters store the same key (and, signing, whether it is the
-    configured public key), as ``agreement`` says it; return whether all is well.
+    configured public key), as ``_agreement`` says it; return whether all is well.
     """
     fps = {reports[m]["master_key"]["fp"] for m in reachable}
     # Signing mode: each master keeps its own key; what must be shared is the signing pair.
