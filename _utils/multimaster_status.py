@@ -134,9 +134,7 @@ def _set_status(run, section, timeout, ping_timeout):
     if ret["keys_equal"] is False:
         ret["keys_differ"] = _keys_differ(run, section, timeout)
     ret["minions"] = _answering_matrix(section, reports)
-    roots, roots_equal = (
-        _roots_status(run, section, reports, timeout, complete) if reachable else ({}, True)
-    )
+    roots, roots_equal = _roots_status(run, section, reports, timeout) if reachable else ({}, True)
     ret.update(roots)
     job_cache, job_cache_ok = _job_cache_status(reports, reachable)
     ret.update(job_cache)
@@ -261,7 +259,7 @@ def _root_digests(report):
     }
 
 
-def _roots_status(run, section, reports, timeout, complete):
+def _roots_status(run, section, reports, timeout):
     """
     ``(part, equal)``: each root's digest per master (the roots a master serves from disk,
     paired by kind, environment and position) and, where they differ, which paths differ from
@@ -269,6 +267,7 @@ def _roots_status(run, section, reports, timeout, complete):
     serves per git remote.
     """
     reachable = [m for m in multimaster_control.ids(section) if m in reports]
+    complete = len(reachable) == len(multimaster_control.ids(section))
     part, differing = _roots_part(reports, reachable, complete)
     if differing:
         part["roots_differ"] = _roots_paths_differ(run, section, reachable, differing, timeout)

@@ -431,11 +431,16 @@ def test_status_claims_nothing_equal_when_a_master_does_not_answer(runner, use, 
     A master that does not answer leaves equality unknown (``None``), not ``True`` made of the
     masters that did answer: the keys, the master key and the roots alike; exit 1.
     """
-    use({cm: report(one_root("a" * 64)) for cm in answers})
+    served = {"gitfs": {"https://git.example/formulas.git": {"main": "1" * 40}}}
+    use({cm: report(one_root("a" * 64), served) for cm in answers})
     ret = runner.status()
     assert ret["retcode"] == 1 and ret["masters"]["m2"]["reachable"] is False, ret
     assert ret["keys_equal"] is None and ret["same_master_key"] is None, ret
     assert ret.get("roots_equal") is None and "keys_differ" not in ret, ret
+    if answers:
+        assert ret["roots_equal"] is None and ret["git_equal"] is None, ret
+    else:
+        assert "roots_equal" not in ret and "git_equal" not in ret, ret
 
 
 def test_status_compares_the_commits_served_per_git_remote(runner, use):
