@@ -428,6 +428,37 @@ def active_master():
     }
 
 
+def check_resolves(hosts):
+    """
+    Check that this minion resolves every master address in ``hosts``; raises an error naming
+    those it cannot. ``multimaster.minion`` runs it before it writes the master list: a hot
+    minion that lists a name it cannot resolve answers none of its masters until the name
+    resolves (measured in ``bench/README.md``).
+
+    hosts
+        The addresses of the minion's ``master`` list (IP addresses or DNS names).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' multimaster.check_resolves '[10.0.3.61, master2.example.com]'
+    """
+    if isinstance(hosts, str):
+        hosts = [hosts]
+    missing = multimaster_settings.unresolvable(hosts, __opts__.get("ipv6"))
+    if missing:
+        raise CommandExecutionError(
+            f"multimaster: {', '.join(repr(h) for h in missing)} "
+            f"{'does' if len(missing) == 1 else 'do'} not resolve on "
+            f"{__opts__['id']}: Salt's minion retries a master name it cannot resolve (retry_dns) "
+            "before it goes on, and a hot minion answers none of its masters meanwhile. Give the "
+            "name an address (DNS or /etc/hosts) or put the master's IP address in pillar "
+            "multimaster:masters, then apply again"
+        )
+    return True
+
+
 def check_masters(timeout=2, defaults=None):
     """
     Can this minion reach each master's publish and ret ports? One entry per master id.

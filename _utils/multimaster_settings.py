@@ -11,6 +11,7 @@ pillar key, the offending value and what was expected, and is raised before anyt
 import copy
 import os
 import re
+import socket
 
 import multimaster_jobcache
 import multimaster_pillarcheck
@@ -408,6 +409,26 @@ def minion_config(settings, local_master=None):
             }
         )
     return config
+
+
+def unresolvable(hosts, ipv6=None, getaddrinfo=socket.getaddrinfo):
+    """
+    The entries of ``hosts`` (a minion's ``master`` list) this host cannot resolve, in order.
+    A minion resolves each master it lists before it connects (Salt's ``resolve_dns``), and
+    a hot minion waits there (``retry_dns``, every 30 s) before it serves any other master.
+    An IP address resolves by itself.
+
+    ipv6
+        The minion's ``ipv6`` option: ``False`` resolves IPv4 addresses only, as Salt does.
+    """
+    family = socket.AF_INET if ipv6 is False else socket.AF_UNSPEC
+    missing = []
+    for host in hosts:
+        try:
+            getaddrinfo(host, None, family, socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            missing.append(host)
+    return missing
 
 
 def cluster_config(settings, master, pki_dir):

@@ -5,6 +5,8 @@
 {%- set local = mapdata.local %}
 {#- No package state: the minion applying this is installed already, and on a onedir or pip
     install a distribution salt-minion package would be a second, conflicting Salt. #}
+{#- Before anything is written: a name the minion cannot resolve would cut it off from all. #}
+{%- do salt["multimaster.check_resolves"](mapdata.config.minion.master) %}
 
 multimaster-minion-config-file-managed:
   file.serialize:

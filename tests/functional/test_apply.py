@@ -155,6 +155,22 @@ def test_bad_pillar_writes_nothing(salt_env, sls):
     assert env.written() == []
 
 
+@pytest.mark.parametrize("sls", ["multimaster", "multimaster.minion"])
+def test_a_master_name_the_minion_cannot_resolve_writes_nothing(salt_env, sls):
+    """
+    A hot minion that lists a name it cannot resolve answers none of its masters (Salt's
+    resolve_dns waits for it): the master list is refused before anything is written.
+    """
+    masters = [MASTERS[0], {"id": "master3", "host": "master3.invalid"}]
+    env = salt_env("web1", pillar(mode="hot", masters=masters, **SETTINGS))
+    ret = state_sls(env, sls)
+    assert ret.failed, f"an unresolvable master name was applied: {ret.raw}"
+    message = "'master3.invalid' does not resolve on web1"
+    assert any(message in error for error in ret.errors), ret.errors
+    assert not any("Traceback" in error for error in ret.errors), ret.errors
+    assert env.written() == []
+
+
 def holders(env, marker):
     """
     The files under ``env`` that hold ``marker``, relative to its base.

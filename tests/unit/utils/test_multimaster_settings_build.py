@@ -6,6 +6,7 @@ configuration each mode implies.
 import copy
 import json
 import pathlib
+import socket
 
 import multimaster_pillarcheck
 import multimaster_settings as ms
@@ -324,3 +325,39 @@ def test_redacted_settings_mask_secrets_but_keep_the_shape(defaults):
     assert shown["masters"] == settings["masters"]
     # The settings themselves are untouched: templates still render the real values.
     assert settings["master"]["config"]["ext_pillar_password"] == "hunter2"
+
+
+def fake_resolver(known):
+    """
+    A ``getaddrinfo`` that knows ``known`` (name -> families it has addresses in) and IP
+    addresses, and records the family each lookup asked for.
+    """
+    asked = []
+
+    def getaddrinfo(host, port, family, kind):
+        asked.append(family)
+        if host.replace(".", "").isdigit():
+            return [(socket.AF_INET, kind, 6, "", (host, 0))]
+        families = known.get(host, ())
+        if family in families or (family == socket.AF_UNSPEC and families):
+            return [(families[0], kind, 6, "", (host, 0))]
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    getaddrinfo.asked = asked
+    return getaddrinfo
+
+
+def test_unresolvable_names_each_name_the_minion_cannot_resolve_in_order():
+    resolver = fake_resolver({"master2.example.com": (socket.AF_INET,)})
+    hosts = ["10.0.3.61", "nope.invalid", "master2.example.com", "also.invalid"]
+    assert ms.unresolvable(hosts, getaddrinfo=resolver) == ["nope.invalid", "also.invalid"]
+    assert ms.unresolvable(["10.0.3.61", "master2.example.com"], getaddrinfo=resolver) == []
+
+
+def test_unresolvable_asks_for_ipv4_only_when_the_minion_turns_ipv6_off():
+    resolver = fake_resolver({"v6only.example.com": (socket.AF_INET6,)})
+    assert ms.unresolvable(["v6only.example.com"], ipv6=False, getaddrinfo=resolver) == [
+        "v6only.example.com"
+    ]
+    assert ms.unresolvable(["v6only.example.com"], ipv6=None, getaddrinfo=resolver) == []
+    assert resolver.asked == [socket.AF_INET, socket.AF_UNSPEC]
