@@ -49,6 +49,8 @@ RUN_DIR = os.path.join(ROOT, "bench", "run", "unreachable")
 
 
 def minion_config(master_type, masters):
+    # retry_dns 0 for failover, as Salt's failover docs advise: it acts only on a name that
+    # does not resolve, and the failover cases list addresses.
     text = f"master: [{', '.join(masters)}]\n"
     if master_type == "failover":
         text += "master_type: failover\nmaster_alive_interval: 10\nretry_dns: 0\n"

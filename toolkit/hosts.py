@@ -378,8 +378,9 @@ def _is_private_mount(path):
 
 # What the hosts' masters run with beside Salt's defaults: every host shares this machine's
 # cores. Two request workers, not five, halve a master's start-up CPU (5-6 s instead of 10-11
-# s); a CLI waits 20 s, not 10, for a minion busy on a loaded machine to answer find_job before
-# it reports "did not return". Nothing the formula does reads either.
+# s); a CLI (and an orchestration's salt.state step) waits 20 s, not 10, for a minion busy on a
+# loaded machine to answer find_job before it reports "did not return". The formula renders
+# neither option.
 SHARED_CORES_MASTER = "worker_threads: 2\ngather_job_timeout: 20\n"
 
 
