@@ -183,6 +183,7 @@ def check_pillar(pillar):
         _check_master(index, master, seen)
     _check_primary(pillar.get("primary"), [m["id"] for m in masters])
     _check_epoch(pillar.get("epoch", 1))
+    _check_reserved(pillar.get("reserved", []), mode)
 
 
 def signs(settings):
@@ -199,6 +200,20 @@ def _check_primary(primary, ids):
     if primary is not None and primary not in ids:
         expected = f"the id of one of multimaster:masters {ids} (default: the first)"
         _fail("primary", primary, expected)
+
+
+def _check_reserved(reserved, mode):
+    if reserved and mode == "cluster":
+        _fail(
+            "reserved", reserved, "no reserved slots in mode 'cluster' (minions list the balancer)"
+        )
+    if not isinstance(reserved, list):
+        _fail("reserved", reserved, "a list of addresses minions list before a master runs there")
+    for index, host in enumerate(reserved):
+        if not isinstance(host, str) or not host or any(c.isspace() for c in host):
+            _fail(f"reserved[{index}]", host, "an IP address or a name every minion resolves")
+        if host in reserved[:index]:
+            _fail(f"reserved[{index}]", host, "each reserved address once")
 
 
 def _check_epoch(epoch):

@@ -377,7 +377,7 @@ def minion_config(settings, local_master=None):
     elif mode == "cluster":
         hosts = [settings["cluster"]["balancer"]]
     else:
-        hosts = [master["host"] for master in settings["masters"]]
+        hosts = minion_master_list(settings["masters"], settings["reserved"])
     config = {
         "master": hosts,
         "master_port": settings["ports"]["ret"],
@@ -409,6 +409,16 @@ def minion_config(settings, local_master=None):
             }
         )
     return config
+
+
+def minion_master_list(masters, reserved):
+    """
+    The ``master`` list of a hot or failover minion: the masters' hosts in pillar order, then
+    the ``reserved`` slots. A master whose host is reserved keeps its slot's place, so a
+    master added into a slot leaves every minion's list as it was.
+    """
+    listed = [master["host"] for master in masters if master["host"] not in reserved]
+    return listed + list(reserved)
 
 
 def unresolvable(hosts, ipv6=None, getaddrinfo=socket.getaddrinfo):

@@ -4,7 +4,8 @@ config came with the image (in ``master.d`` before the formula's runners were ev
 them): once the set is built with the formula, ``salt-key -a`` on master2 reaches master1, and a
 reaction that could not run said so in the master's log at error level. A new minion of the
 set gets exactly one first highstate from the two masters' reactions. Then the "Adding a master"
-walk-through of docs/adding-masters.md runs as written: master3 joins and leaves.
+walk-through of docs/adding-masters.md runs as written: master3 joins and leaves, into and out
+of the slot the set's pillar reserves for it, and no minion the formula configured restarts.
 """
 
 import json
@@ -32,6 +33,7 @@ multimaster:
   masters:
     - {id: master1, host: 10.0.3.61}
     - {id: master2, host: 10.0.3.230}
+  reserved: [10.0.3.232]
   master:
     file_roots: {base: [/srv/salt, /srv/formulas/multimaster-formula]}
     pillar_roots: {base: [/srv/pillar]}
@@ -59,6 +61,18 @@ def _reactor_error(master):
     """
     lines = master.log("master", tail=2000).splitlines()
     return any("[ERROR" in line and "the key reactor cannot run" in line for line in lines)
+
+
+def _minion_pids(host_set, names):
+    """
+    Each host's salt-minion PID, from Salt's default pidfile.
+    """
+    return {name: host_set[name].path("/run/salt-minion.pid").read_text().strip() for name in names}
+
+
+def _answer_master3(host_set, minions):
+    answers = host_set["master3"].sh("salt '*' test.ping --out=txt", check=False).stdout
+    return all(f"{minion}: True" in answers for minion in minions)
 
 
 def _accepted(host, minion):
@@ -134,19 +148,28 @@ def test_key_reactor_from_the_image_propagates_once_the_set_is_built(host_set):
 def test_the_add_and_remove_master_walk_through_runs_as_written(host_set):
     """
     Runs after the set above is built: master3 joins with the blocks of docs/adding-masters.md,
-    every minion then answers master3, and it leaves again, its salt-master stopped.
+    every minion then answers master3, and it leaves again, its salt-master stopped. Its address
+    is the set's reserved slot: the minions the formula configured listed it from the start,
+    and neither the join nor the leave restarts one of them.
     """
     blocks = walkthrough.blocks("Adding a master", PAGE)
     assert blocks[0].host == "master3" and "bootstrap-salt.sh" in blocks[0].script
+    configured = ("master1", "master2", "minion1")
+    conf = "/etc/salt/minion.d/multimaster.conf"
+    listed = host_set["minion1"].path(conf).read_text()
+    assert "10.0.3.232" in listed, listed
+    pids = _minion_pids(host_set, configured)
     nshosts.bootstrap(host_set["master3"], PRIMARY, master=True)
     joined, left = blocks[1], blocks[2]
     host_set["master1"].sh(joined.script, timeout=1200)
-    answers = host_set["master3"].sh("salt '*' test.ping --out=txt", check=False).stdout
-    for minion in ("master1", "master2", "master3", "minion1", "minion3"):
-        assert f"{minion}: True" in answers, answers
+    assert _minion_pids(host_set, configured) == pids
+    # Not restarted, a minion signs in to master3 when Salt's reconnect comes round to it.
+    everyone = ("master1", "master2", "master3", "minion1", "minion3")
+    host_set.wait("every minion to answer master3", lambda: _answer_master3(host_set, everyone), 90)
     host_set["master1"].sh(left.script, timeout=900)
     assert (
         not host_set["master3"].sh("systemctl is-active salt-master", check=False).returncode == 0
     )
-    listed = host_set["minion1"].path("/etc/salt/minion.d/multimaster.conf").read_text()
-    assert "10.0.3.232" not in listed, listed
+    assert _minion_pids(host_set, configured) == pids
+    # The slot stays reserved: the minions' list did not change.
+    assert host_set["minion1"].path(conf).read_text() == listed

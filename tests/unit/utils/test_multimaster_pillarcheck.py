@@ -647,6 +647,32 @@ CASES = {
     "epoch-zero": (pillar(epoch=0), "epoch", "0", "a whole number >= 1"),
     "epoch-a-string": (pillar(epoch="2"), "epoch", js("2"), "a whole number >= 1"),
     "epoch-a-bool": (pillar(epoch=True), "epoch", "true", "a whole number >= 1"),
+    # reserved master slots
+    "reserved-in-cluster": (
+        dict(cluster(), reserved=["10.0.3.232"]),
+        "reserved",
+        js(["10.0.3.232"]),
+        "no reserved slots in mode 'cluster'",
+    ),
+    "reserved-not-a-list": (
+        pillar(reserved="10.0.3.232"),
+        "reserved",
+        js("10.0.3.232"),
+        "a list of addresses",
+    ),
+    "reserved-empty-entry": (pillar(reserved=["10.0.3.232", ""]), "reserved[1]", '""', "an IP"),
+    "reserved-with-space": (
+        pillar(reserved=["10.0.3.232 10.0.3.233"]),
+        "reserved[0]",
+        js("10.0.3.232 10.0.3.233"),
+        "an IP address or a name every minion resolves",
+    ),
+    "reserved-twice": (
+        pillar(reserved=["10.0.3.232", "10.0.3.232"]),
+        "reserved[1]",
+        js("10.0.3.232"),
+        "each reserved address once",
+    ),
 }
 
 

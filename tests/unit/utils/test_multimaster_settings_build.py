@@ -361,3 +361,24 @@ def test_unresolvable_asks_for_ipv4_only_when_the_minion_turns_ipv6_off():
     ]
     assert ms.unresolvable(["v6only.example.com"], ipv6=None, getaddrinfo=resolver) == []
     assert resolver.asked == [socket.AF_INET, socket.AF_UNSPEC]
+
+
+@pytest.mark.parametrize("mode", ["hot", "failover"])
+def test_minions_list_the_reserved_slots_after_the_masters(defaults, mode):
+    minion = ms.minion_config(build(defaults, mode=mode, reserved=["10.0.3.232", "10.0.3.233"]))
+    assert minion["master"] == ["10.0.3.61", "10.0.3.230", "10.0.3.232", "10.0.3.233"]
+
+
+def test_a_master_added_into_a_reserved_slot_leaves_the_minions_list_as_it_was(defaults):
+    reserved = ["10.0.3.232", "10.0.3.233"]
+    before = ms.minion_config(build(defaults, reserved=reserved))
+    masters = [
+        {"id": "master1", "host": "10.0.3.61"},
+        {"id": "master2", "host": "10.0.3.230"},
+        {"id": "master4", "host": "10.0.3.233"},
+    ]
+    after = ms.minion_config(build(defaults, reserved=reserved, masters=masters))
+    assert after == before
+    # The slot keeps its place even when pillar lists that master first.
+    first = ms.minion_config(build(defaults, reserved=reserved, masters=[masters[2], *masters[:2]]))
+    assert first["master"] == before["master"]
