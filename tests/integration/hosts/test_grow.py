@@ -30,10 +30,10 @@ PILLAR = """\
 multimaster:
   mode: hot
   reactor: {keys: true, first_highstate: true}
+  reserved: [10.0.3.232]
   masters:
     - {id: master1, host: 10.0.3.61}
     - {id: master2, host: 10.0.3.230}
-  reserved: [10.0.3.232]
   master:
     file_roots: {base: [/srv/salt, /srv/formulas/multimaster-formula]}
     pillar_roots: {base: [/srv/pillar]}
