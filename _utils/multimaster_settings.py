@@ -426,7 +426,8 @@ def unresolvable(hosts, ipv6=None, getaddrinfo=socket.getaddrinfo):
     The entries of ``hosts`` (a minion's ``master`` list) this host cannot resolve, in order.
     A minion resolves each master it lists before it connects (Salt's ``resolve_dns``), and
     a hot minion waits there (``retry_dns``, every 30 s) before it serves any other master.
-    An IP address resolves by itself.
+    An IP address resolves by itself. Resolution only: Salt's ``dns_check`` also tries to
+    connect, which an address where no master runs yet (a reserved slot) would fail.
 
     ipv6
         The minion's ``ipv6`` option: ``False`` resolves IPv4 addresses only, as Salt does.
