@@ -10,6 +10,7 @@ bound to a single-use challenge it issued; given ``answer_nonce`` (every functio
 the answer comes back signed with this minion's own key for that one publish.
 """
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -145,9 +146,10 @@ def apply_key_actions(transfer, order):
 
         salt-run multimaster.sync_keys   # the runner calls this; not meant for the CLI
     """
-    return multimaster_keywrite.apply_ordered_actions(
-        __opts__, *_mopts(), transfer, order, multimaster_transport.puller(__salt__)
-    )
+    with contextlib.closing(multimaster_transport.content_puller(__opts__, __salt__)) as pull:
+        return multimaster_keywrite.apply_ordered_actions(
+            __opts__, *_mopts(), transfer, order, pull
+        )
 
 
 def _cluster_local():
@@ -266,10 +268,10 @@ def install_master_key(transfer, signing=False, timeout=90):
         salt-run multimaster.sync_master_key   # the runner calls this; not meant for the CLI
     """
     master, section = _local()
-    pull = multimaster_transport.puller(__salt__)
-    return multimaster_masterkey.install_master_key(
-        __opts__, master, section, transfer, pull, signing, timeout
-    )
+    with contextlib.closing(multimaster_transport.content_puller(__opts__, __salt__)) as pull:
+        return multimaster_masterkey.install_master_key(
+            __opts__, master, section, transfer, pull, signing, timeout
+        )
 
 
 @_signed_answer

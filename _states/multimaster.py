@@ -287,13 +287,36 @@ def _secret_config_managed(name, part, user):
     return multimaster_states.secret_config_ret(name, config, part, user, __opts__["test"])
 
 
+def master_set_config_managed(name, user=None):
+    """
+    Ensure ``name`` (a ``master.d`` file, mode 0600) holds what changes when the set of masters
+    does: the ``multimaster`` section the runners read from the config on disk, and the
+    ``peer_run`` entry of the transfer pull. No restart watches it: a master added to the set
+    or an epoch raised by a promotion reaches the runners (and the reactions' runner calls)
+    at their next run, and the running masters keep serving.
+
+    name, user
+        As for ``master_config_managed``: the file, and the user the master runs as (owner).
+
+    CLI Example:
+
+    .. code-block:: yaml
+
+        multimaster-master-config-set-managed:
+          multimaster.master_set_config_managed:
+            - name: /etc/salt/master.d/multimaster-set.conf
+            - user: salt
+    """
+    return _secret_config_managed(name, "set", user)
+
+
 def master_config_managed(name, user=None):
     """
     Ensure ``name`` (a ``master.d`` file, mode 0600) holds the options of the master this minion
-    controls, derived from the pillar ``multimaster``: interface, ports, roots, ACLs, the
-    ``multimaster`` section the runners read, gitfs remotes (their URLs may carry credentials)
-    and ``master:config`` (any of it may be secret). Computed at run time, never a state
-    argument; the return never shows the content.
+    controls, derived from the pillar ``multimaster``: interface, ports, roots, ACLs, gitfs
+    remotes (their URLs may carry credentials) and ``master:config`` (any of it may be
+    secret): what takes a master restart to apply (``master_set_config_managed`` has the
+    rest). Computed at run time, never a state argument; the return never shows the content.
 
     name, user
         As for ``cluster_config_managed``: the file, and the user the master runs as (owner).

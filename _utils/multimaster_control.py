@@ -417,17 +417,18 @@ def _fenced(newer, own):
     )
 
 
-def staged(run, found, master, document, fileserver=False):
+def staged(run, found, master, document):
     """
-    Stage ``document`` (JSON) for ``master``'s control minion to pull from this master: the
-    publish carries only the descriptor. ``fileserver``: also served through this master's
-    file server, to that minion's authenticated id only (for a sealed document).
+    Stage ``document`` (JSON, sealed or signed) for ``master``'s control minion to pull from
+    this master: the publish carries only the descriptor. Served through this master's file
+    server to that minion's authenticated id only, which needs no ``peer_run`` entry: a
+    control minion added to the set since this master started pulls there.
     """
     return multimaster_transport.stage(
         run.opts,
         by_id(found)[master]["minion_id"],
         salt.utils.json.dumps(document).encode(),
-        fileserver=fileserver,
+        fileserver=True,
     )
 
 

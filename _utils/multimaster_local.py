@@ -94,7 +94,12 @@ def _own_master_options(merged, master):
     What this master's own config sets, the formula's ``master.d`` files left out.
     """
     lookup = merged["lookup"]
-    ours = (lookup["config_file"], lookup["cluster_config_file"], lookup["job_cache_config_file"])
+    ours = (
+        lookup["config_file"],
+        lookup["set_config_file"],
+        lookup["cluster_config_file"],
+        lookup["job_cache_config_file"],
+    )
     return multimaster_keystore.own_master_options(master["config_dir"], ours)
 
 
@@ -109,6 +114,7 @@ def _configs(merged, local_master):
         and multimaster_settings.master_config(
             merged, local_master, _own_master_options(merged, local_master)
         ),
+        "set": local_master and multimaster_settings.set_config(merged),
     }
     if local_master and merged["mode"] == "cluster":
         configs["cluster"] = multimaster_settings.cluster_config(

@@ -145,17 +145,13 @@ def _clear_file_list_cache(mopts):
                 os.unlink(os.path.join(cache, name))
 
 
-def _content_pull(minion_opts, salt_functions):
-    return multimaster_transport.ContentPull(
-        minion_opts, multimaster_transport.puller(salt_functions)
-    )
-
-
 def _opened_plan(minion_opts, salt_functions, master, plan):
     """
     The body of the roots plan ``plan`` (a transfer descriptor), pulled and unsealed.
     """
-    with contextlib.closing(_content_pull(minion_opts, salt_functions)) as pull:
+    with contextlib.closing(
+        multimaster_transport.content_puller(minion_opts, salt_functions)
+    ) as pull:
         envelope = multimaster_transport.pulled_json(plan, PLAN_LIMIT, "roots plan", pull)
     body, _ = multimaster_seal.unsealed_for(minion_opts, master, envelope, "roots")
     return body
@@ -189,7 +185,7 @@ def apply_plan(minion_opts, salt_functions, master, mopts, plan):
     resolved = [(paired_root(mopts, pair), pair) for pair in pairs]
     key = bytes.fromhex(body["key"])
     report = {"written": 0, "bytes": 0, "modes": 0, "dir_modes": 0, "deleted": 0, "failed": []}
-    pull = _content_pull(minion_opts, salt_functions)
+    pull = multimaster_transport.content_puller(minion_opts, salt_functions)
     stream = multimaster_transport.chunks(
         multimaster_transport.check_descriptor(body.get("content")), pull, key
     )

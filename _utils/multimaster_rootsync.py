@@ -181,7 +181,7 @@ def _published_dir_digests(run, found, local):
     if len(salt.utils.json.dumps(dirs)) <= multimaster_manifest.DIR_DIGESTS_LIMIT:
         return dirs
     peers = multimaster_control.ids(found)[1:]
-    staged = {m: multimaster_control.staged(run, found, m, dirs, fileserver=True) for m in peers}
+    staged = {m: multimaster_control.staged(run, found, m, dirs) for m in peers}
     return {"staged": staged}
 
 
@@ -334,4 +334,4 @@ def _deliver_roots(run, found, master, pairs, members, binding):
         multimaster_control.bound(multimaster_control.binding({"binding": binding}, master, found)),
     )
     # Sealed to the peer: its file server may hand it over, to that minion only.
-    return multimaster_control.staged(run, found, master, plan, fileserver=True)
+    return multimaster_control.staged(run, found, master, plan)

@@ -291,12 +291,31 @@ def reactor_config(settings):
     return reactors
 
 
+def set_config(settings):
+    """
+    The ``master.d`` options that change when the set of masters does, kept in a file of their
+    own that ``multimaster.master`` writes without restarting the master: the ``multimaster``
+    section (the runners, reactions included, read it from the config on disk) and the
+    ``peer_run`` entry of the transfer pull (Salt merges it with the master's other
+    ``peer_run`` entries). A running master keeps the pull entry it started with; a control
+    minion added since pulls through the file server, which needs none (``ContentPull``).
+
+    settings
+        The merged, validated ``multimaster`` settings.
+    """
+    return {
+        multimaster_pillarcheck.ROOT: runner_section(settings),
+        "peer_run": pull_acl(settings),
+    }
+
+
 def master_config(settings, master, own=None):
     """
-    The ``master.d`` options for ``master`` (an entry of ``settings["masters"]``). Salt reads
-    ``master.d`` after the master's own ``master`` file and a key set here replaces the one
-    there, so only what pillar sets is rendered; where the set needs a value of its own
-    (file server backends, ``peer_run``) it extends the master's own.
+    The ``master.d`` options for ``master`` (an entry of ``settings["masters"]``) that take a
+    restart to apply; ``set_config`` has the others. Salt reads ``master.d`` after the
+    master's own ``master`` file and a key set here replaces the one there, so only what
+    pillar sets is rendered; where the set needs a value of its own (file server backends,
+    ``peer_run``) it extends the master's own.
 
     own
         The master's own options, as its config without the formula's files sets them
@@ -307,7 +326,6 @@ def master_config(settings, master, own=None):
     config = {
         "publish_port": settings["ports"]["publish"],
         "ret_port": settings["ports"]["ret"],
-        multimaster_pillarcheck.ROOT: runner_section(settings),
     }
     interface = _interface(settings, master)
     if interface:
@@ -322,11 +340,9 @@ def master_config(settings, master, own=None):
             config[key] = master.get(key, section.get(key))
     # Identical on every master: masters with different ACLs each hold independent control.
     config.update(section["acl"])
-    config["peer_run"] = {
-        **(own.get("peer_run") or {}),
-        **(section["acl"].get("peer_run") or {}),
-        **pull_acl(settings),
-    }
+    peer_run = {**(own.get("peer_run") or {}), **(section["acl"].get("peer_run") or {})}
+    if peer_run:
+        config["peer_run"] = peer_run
     if multimaster_pillarcheck.signs(settings):
         config["master_sign_pubkey"] = True
     if settings["sse"]["enabled"]:

@@ -1,9 +1,10 @@
 """
 Bulk data off the publish bus: a runner *stages* bytes for one control minion and publishes only
 a small descriptor (a ticket, the size and the SHA-256); the recipient *pulls* the bytes in
-bounded chunks from the master that sent the job, over its own request channel, through the one
-runner function that master exposes to its control minions (``peer_run``, rendered by
-``multimaster.master``).
+bounded chunks from the master that sent the job, over its own request channel: from that
+master's file server (the formula's ``multimaster`` backend serves a ticket to its recipient's
+authenticated id only), else through the one runner function that master exposes to its
+control minions (``peer_run``, rendered by ``multimaster.master``).
 
 Tickets are random, bound to the recipient's minion id, expire in minutes and are used up when
 the last chunk has been served: a replayed ticket, or one presented by another minion, is
@@ -758,8 +759,8 @@ class ContentPull:
     runner job there, one key load per ``REQUESTS_PER_CHANNEL`` here), or through its
     ``peer_run`` pull (``peer_run``, from ``puller``) when that file server does not serve
     transfers (its ``fileserver_backend`` does not name ``multimaster`` yet, or it has not been
-    restarted since) or refuses a published ticket to a request without an id (Salt before
-    3008). ``via`` says which; ``close`` when the stream is done.
+    restarted since) or refuses a published ticket to a request whose id it cannot trust
+    (``NEEDS_ID``). ``via`` says which; ``close`` when the stream is done.
     """
 
     # Requests per channel: Salt's request channel keeps what it received while it is open
@@ -816,6 +817,14 @@ class ContentPull:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+
+
+def content_puller(minion_opts, salt_functions):
+    """
+    A ``ContentPull`` over the file server of the master that sent this job, its ``peer_run``
+    pull (``puller``) the fallback; ``close`` it when done. Made in the job's thread.
+    """
+    return ContentPull(minion_opts, puller(salt_functions))
 
 
 def pulled_json(transfer, limit, what, pull):

@@ -10,6 +10,10 @@ multimaster-master-clean-config-file-absent:
   file.absent:
     - name: {{ master.config_dir }}/master.d/{{ mapdata.lookup.config_file }}
 
+multimaster-master-clean-set-config-file-absent:
+  file.absent:
+    - name: {{ master.config_dir }}/master.d/{{ mapdata.lookup.set_config_file }}
+
 {#- Whatever the mode now: a master that left a cluster keeps no cluster options. #}
 multimaster-master-clean-cluster-config-file-absent:
   file.absent:
@@ -26,6 +30,7 @@ multimaster-master-clean-master-restarted:
     - service: {{ mapdata.lookup.master.service }}
     - onchanges:
       - file: multimaster-master-clean-config-file-absent
+      - file: multimaster-master-clean-set-config-file-absent
       - file: multimaster-master-clean-cluster-config-file-absent
       - file: multimaster-master-clean-job-cache-config-file-absent
 {%-   endif %}

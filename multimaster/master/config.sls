@@ -18,6 +18,13 @@ multimaster-master-config-file-managed:
     - name: {{ master.config_dir }}/master.d/{{ mapdata.lookup.config_file }}
     - user: {{ master.user }}
 
+{#- What changes with the set (the multimaster: section, the pull's peer_run): no restart
+    watches it, the runners read it from disk. #}
+multimaster-master-config-set-managed:
+  multimaster.master_set_config_managed:
+    - name: {{ master.config_dir }}/master.d/{{ mapdata.lookup.set_config_file }}
+    - user: {{ master.user }}
+
 {%-   if mapdata.job_cache.enabled %}
 
 {#- The master loads its master_job_cache from its own extension_modules: the returner is

@@ -4,8 +4,9 @@
     Brings in a master already listed in pillar multimaster:masters whose control minion is
     accepted on the primary. Run on the primary. Stops at the first failure; safe to re-run.
     The primary's multimaster.master comes before the key sync (not after it, with the other
-    masters): the master key is sealed only to recipients in the primary's own config, and the
-    new control minion pulls transfers through the primary's peer_run.
+    masters): the master key is sealed only to recipients in the primary's own config. Only
+    its set file changes, which restarts no master (the new control minion pulls through the
+    primary's file server, which needs no peer_run entry for it).
 
     Mode cluster (run on any master; multimaster_balancer_minion names the HAProxy host's
     minion; the new control minion is accepted and answers, connected to any master): the new
@@ -269,9 +270,9 @@ multimaster-orch-add-master-other-masters-configured:
       - salt: multimaster-orch-add-master-sync-keys
 {%-   endif %}
 
-{#- multimaster.master (the other masters) and sync_master_modules (the new one) restart masters
-    after their jobs returned: a minion applying its state meanwhile would fetch files from a
-    master going down. #}
+{#- sync_master_modules restarts the new master after its job returned (and multimaster.master
+    the others, where more than the set changed): a minion applying its state meanwhile would
+    fetch files from a master going down. #}
 multimaster-orch-add-master-masters-settled-before-minions:
   salt.runner:
     - name: multimaster.wait_masters

@@ -54,9 +54,14 @@ def hot(salt_env):
     runs["first_written"] = env.written()
     runs["minion_conf"] = read_yaml(env.conf_dir / "minion.d" / "multimaster.conf")
     runs["master_conf"] = read_yaml(env.conf_dir / "master.d" / "multimaster.conf")
+    runs["set_conf"] = read_yaml(env.conf_dir / "master.d" / "multimaster-set.conf")
     runs["modes"] = {
         name: stat.S_IMODE((env.conf_dir / name).stat().st_mode)
-        for name in ("minion.d/multimaster.conf", "master.d/multimaster.conf")
+        for name in (
+            "minion.d/multimaster.conf",
+            "master.d/multimaster.conf",
+            "master.d/multimaster-set.conf",
+        )
     }
     runs["second"] = state_sls(env, "multimaster")
     runs["clean"] = state_sls(env, "multimaster.clean")
@@ -78,21 +83,28 @@ def test_first_run_writes_only_config(hot):
     env, runs = hot
     assert not failed(runs["first"]), runs["first"]
     assert runs["first_written"] == [
+        "conf/master.d/multimaster-set.conf",
         "conf/master.d/multimaster.conf",
         "conf/minion.d/multimaster.conf",
         "pki/minion/multimaster_first_highstate",
     ]
     assert changed(runs["first"]) == [
         "multimaster-master-config-file-managed",
+        "multimaster-master-config-set-managed",
         "multimaster-minion-config-file-managed",
         # the minion counts as set up: the first-highstate reactor leaves it alone
         "multimaster-minion-config-first-highstate-mark-managed",
     ]
     assert runs["minion_conf"]["master"] == [m["host"] for m in MASTERS]
     assert runs["minion_conf"]["master_type"] == "str"
-    assert runs["master_conf"]["multimaster"]["mode"] == "hot"
+    assert runs["set_conf"]["multimaster"]["mode"] == "hot"
+    assert "multimaster" not in runs["master_conf"]
     assert runs["master_conf"]["ret_port"] == 4506
-    assert runs["modes"] == {"minion.d/multimaster.conf": 0o644, "master.d/multimaster.conf": 0o600}
+    assert runs["modes"] == {
+        "minion.d/multimaster.conf": 0o644,
+        "master.d/multimaster.conf": 0o600,
+        "master.d/multimaster-set.conf": 0o600,
+    }
 
 
 def test_restart_without_running_daemons_is_a_no_op(hot):
@@ -117,6 +129,7 @@ def test_clean_removes_what_was_written(hot):
     assert not failed(runs["clean"]), runs["clean"]
     assert changed(runs["clean"]) == [
         "multimaster-master-clean-config-file-absent",
+        "multimaster-master-clean-set-config-file-absent",
         "multimaster-minion-clean-config-file-absent",
         "multimaster-minion-clean-first-highstate-mark-absent",
     ]

@@ -241,6 +241,22 @@ def master_dataset(env, results):
     return salt.utils.yaml.safe_load(path.read_text())
 
 
+def set_dataset(env, results):
+    """
+    The ``master.d`` options that change with the set, computed as ``master_dataset``'s.
+    """
+    fun, kwargs = args(
+        states(results["multimaster.master"])["multimaster-master-config-set-managed"]
+    )
+    assert fun == "multimaster.master_set_config_managed"
+    assert kwargs["name"] == str(env.conf_dir / "master.d" / "multimaster-set.conf")
+    path = env.base / "shown" / "multimaster-set.conf"
+    with env.loaders() as loaders:
+        ret = loaders.states.multimaster.master_set_config_managed(str(path))
+    assert ret["result"] is True, ret
+    return salt.utils.yaml.safe_load(path.read_text())
+
+
 def test_pillar_example_outputs(rendered):
     env, results = rendered("example")
     minion = minion_dataset(env, results)
@@ -248,8 +264,9 @@ def test_pillar_example_outputs(rendered):
     assert minion["master_type"] == "failover"
     assert minion["master_failback"] is True
     master = master_dataset(env, results)
-    assert master["multimaster"]["mode"] == "failover"
-    assert [m["id"] for m in master["multimaster"]["masters"]] == ["master1", "master2"]
+    section = set_dataset(env, results)["multimaster"]
+    assert section["mode"] == "failover"
+    assert [m["id"] for m in section["masters"]] == ["master1", "master2"]
     assert master["publisher_acl"] == {"deploy": [{"web*": ["state.apply", "test.ping"]}]}
     assert "pam" in master["external_auth"]
     everything = states(results["multimaster"])

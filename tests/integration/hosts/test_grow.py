@@ -5,10 +5,13 @@ them): once the set is built with the formula, ``salt-key -a`` on master2 reache
 reaction that could not run said so in the master's log at error level. A new minion of the
 set gets exactly one first highstate from the two masters' reactions. Then the "Adding a master"
 walk-through of docs/adding-masters.md runs as written: master3 joins and leaves, into and out
-of the slot the set's pillar reserves for it, and no minion the formula configured restarts.
+of the slot the set's pillar reserves for it: no minion the formula configured and no master
+the set ran restarts, and the minions pinged from the primary through the join miss nothing.
 """
 
 import json
+import threading
+import time
 
 from tests.support import walkthrough
 from toolkit import hosts as nshosts
@@ -68,6 +71,34 @@ def _minion_pids(host_set, names):
     Each host's salt-minion PID, from Salt's default pidfile.
     """
     return {name: host_set[name].path("/run/salt-minion.pid").read_text().strip() for name in names}
+
+
+def _master_pids(host_set, names):
+    """
+    Each host's salt-master PID, from Salt's default pidfile.
+    """
+    return {name: host_set[name].path("/run/salt-master.pid").read_text().strip() for name in names}
+
+
+PINGED = ("minion1", "minion3")
+
+
+def _pings(primary, stop, record):
+    """
+    ``salt -L minion1,minion3 test.ping`` from ``primary`` once a second until ``stop`` is set;
+    records whether both answered.
+    """
+    while not stop.is_set():
+        began = time.monotonic()
+        ret = primary.sh(
+            f"salt -L {','.join(PINGED)} test.ping -t 5 --static --out=json", check=False
+        )
+        try:
+            answers = json.loads(ret.stdout or "{}")
+        except ValueError:
+            answers = {}
+        record.append(all(answers.get(minion) is True for minion in PINGED))
+        stop.wait(max(0.0, 1.0 - (time.monotonic() - began)))
 
 
 def _answer_master3(host_set, minions):
@@ -159,10 +190,23 @@ def test_the_add_and_remove_master_walk_through_runs_as_written(host_set):
     listed = host_set["minion1"].path(conf).read_text()
     assert "10.0.3.232" in listed, listed
     pids = _minion_pids(host_set, configured)
+    masters = _master_pids(host_set, ("master1", "master2"))
     nshosts.bootstrap(host_set["master3"], PRIMARY, master=True)
     joined, left = blocks[1], blocks[2]
-    host_set["master1"].sh(joined.script, timeout=1200)
+    # Pinged from the primary once a second through the whole join: no master the set ran
+    # and no minion restarts, so no publish is missed.
+    record, stop = [], threading.Event()
+    pinger = threading.Thread(target=_pings, args=(host_set["master1"], stop, record), daemon=True)
+    pinger.start()
+    try:
+        host_set["master1"].sh(joined.script, timeout=1200)
+    finally:
+        stop.set()
+        pinger.join()
+    print(f"\nadd_master into a reserved slot: {len(record)} pings, {record.count(False)} missed")
+    assert record and all(record), record
     assert _minion_pids(host_set, configured) == pids
+    assert _master_pids(host_set, ("master1", "master2")) == masters
     # Not restarted, a minion signs in to master3 when Salt's reconnect comes round to it.
     everyone = ("master1", "master2", "master3", "minion1", "minion3")
     host_set.wait("every minion to answer master3", lambda: _answer_master3(host_set, everyone), 90)

@@ -97,7 +97,7 @@ def test_a_survivor_is_promoted(host_set):
     print(f"promote of a set of {len(MASTERS)} masters took {took:.0f}s")
     assert result.returncode == 0, result.stdout + result.stderr
     for master in survivors:
-        section = master.path("/etc/salt/master.d/multimaster.conf").read_text()
+        section = master.path("/etc/salt/master.d/multimaster-set.conf").read_text()
         assert "epoch: 2" in section and "primary: master2" in section, section
         assert "10.0.3.61" not in section, section
     listed = host_set["minion1"].path("/etc/salt/minion.d/multimaster.conf").read_text()
@@ -146,7 +146,7 @@ def test_a_dead_master_is_removed(host_set):
     master2.sh("sed -i '/id: master3,/d' /srv/pillar/multimaster.sls")
     removed = master2.sh(REMOVE_DEAD, check=False, timeout=900)
     assert removed.returncode == 0, removed.stdout + removed.stderr
-    section = master2.path("/etc/salt/master.d/multimaster.conf").read_text()
+    section = master2.path("/etc/salt/master.d/multimaster-set.conf").read_text()
     assert "10.0.3.232" not in section, section
     listed = host_set["minion1"].path("/etc/salt/minion.d/multimaster.conf").read_text()
     assert "10.0.3.232" not in listed and "10.0.3.230" in listed, listed

@@ -55,7 +55,7 @@ def test_settings_merges_validates_and_resolves_local_paths(mod, tmp_path, defau
     assert master["cachedir"] == str(tmp_path / "master-cache")
     assert master["pidfile"] == str(tmp_path / "master.pid")
     assert settings["config"]["minion"]["master"] == ["10.0.3.61", "10.0.3.230"]
-    assert settings["config"]["master"]["multimaster"]["masters"][1]["id"] == "master2"
+    assert settings["config"]["set"]["multimaster"]["masters"][1]["id"] == "master2"
     assert mod.minion_config(defaults) == settings["config"]["minion"]
     assert mod.master_config(defaults) == settings["config"]["master"]
     assert mod.validate(defaults) is True

@@ -48,6 +48,8 @@ def calls(peer, monkeypatch):
     The daemon and key store calls, recorded in order; the envelope opens to a fixed pair.
     """
     calls = []
+    # No file server here: the pull falls back to peer_run (``publish.runner`` above).
+    monkeypatch.setattr(peer.multimaster_transport.ContentPull, "_fileserver_pull", lambda *a: {})
     monkeypatch.setattr(peer.multimaster_masterkey, "opened_pair", lambda *a: ("PEM", "PUB", "ab"))
     keystore, daemon = peer.multimaster_keystore, multimaster_daemon
     monkeypatch.setattr(keystore, "master_opts", lambda d: {"pidfile": "/run/m.pid"})

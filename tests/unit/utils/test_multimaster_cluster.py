@@ -47,7 +47,8 @@ def test_each_master_peers_with_the_others_on_its_own_address(defaults):
     assert master["interface"] == HOSTS[1]
     # Salt's id would be the hostname: the peers would not find this master's entry.
     assert master["id"] == HOSTS[1]
-    assert "cluster_secret" not in master and "secret" not in master["multimaster"]["cluster"]
+    assert "cluster_secret" not in master
+    assert "secret" not in ms.set_config(settings)["multimaster"]["cluster"]
 
 
 def test_shared_filesystem_keeps_salts_key_driver_and_a_joiner_pins_the_cluster_key(defaults):

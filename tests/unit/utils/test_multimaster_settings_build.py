@@ -90,7 +90,9 @@ def test_hot_configs(defaults):
     assert (master["publish_port"], master["ret_port"]) == (4505, 4506)
     # What pillar does not set stays the master's own (master.d replaces a key it sets).
     assert not {"interface", "file_roots", "pillar_roots"} & set(master)
-    section = master["multimaster"]
+    # The section the runners read is in the file that changes without a restart.
+    assert "multimaster" not in master and "peer_run" not in master
+    section = ms.set_config(settings)["multimaster"]
     assert section == ms.runner_section(settings)
     assert {"mode", "ports", "masters", "manage_services"} <= set(section)
     assert not {"master", "minion", "lookup", "install_packages"} & set(section)
@@ -149,8 +151,10 @@ def test_only_what_pillar_sets_replaces_the_masters_own(defaults):
     master = ms.master_config(settings, settings["masters"][0], own)
     assert not {"interface", "file_roots", "pillar_roots"} & set(master)
     assert master["fileserver_backend"] == ["gitfs", "roots", "multimaster"]
-    assert master["peer_run"]["^ops$"] == ["^jobs\\."]
-    assert master["peer_run"]["^(master1|master2)$"] == ["^multimaster_transfer\\.pull$"]
+    assert master["peer_run"] == {"^ops$": ["^jobs\\."]}
+    assert ms.set_config(settings)["peer_run"] == {
+        "^(master1|master2)$": ["^multimaster_transfer\\.pull$"]
+    }
     chosen = build(defaults, master={"interface": "10.0.3.9", "fileserver_backend": ["roots"]})
     master = ms.master_config(chosen, chosen["masters"][0], own)
     assert master["interface"] == "10.0.3.9"
@@ -190,7 +194,7 @@ def test_failover_configs(defaults):
     assert "verify_master_pubkey_sign" not in minion
     master = ms.master_config(settings, settings["masters"][0])
     assert "master_sign_pubkey" not in master
-    assert master["multimaster"]["failover"]["alive_interval"] == 10
+    assert ms.set_config(settings)["multimaster"]["failover"]["alive_interval"] == 10
 
 
 def test_failover_with_signing_configs(defaults):
@@ -198,7 +202,7 @@ def test_failover_with_signing_configs(defaults):
     assert ms.minion_config(settings)["verify_master_pubkey_sign"] is True
     master = ms.master_config(settings, settings["masters"][0])
     assert master["master_sign_pubkey"] is True
-    assert master["multimaster"]["signing"] == {"enabled": True, "public_key": PEM}
+    assert ms.set_config(settings)["multimaster"]["signing"] == {"enabled": True, "public_key": PEM}
 
 
 def test_hot_with_signing_signs_and_verifies_the_shared_key(defaults):
@@ -207,14 +211,15 @@ def test_hot_with_signing_signs_and_verifies_the_shared_key(defaults):
     assert minion["verify_master_pubkey_sign"] is True and minion["master_type"] == "str"
     master = ms.master_config(settings, settings["masters"][0])
     assert master["master_sign_pubkey"] is True
-    assert master["multimaster"]["signing"] == {"enabled": True, "public_key": PEM}
+    assert ms.set_config(settings)["multimaster"]["signing"] == {"enabled": True, "public_key": PEM}
 
 
 def test_hot_without_signing_neither_signs_nor_verifies(defaults):
     settings = build(defaults, mode="hot")
     assert "verify_master_pubkey_sign" not in ms.minion_config(settings)
     master = ms.master_config(settings, settings["masters"][0])
-    assert "master_sign_pubkey" not in master and "signing" not in master["multimaster"]
+    assert "master_sign_pubkey" not in master
+    assert "signing" not in ms.set_config(settings)["multimaster"]
 
 
 def test_cluster_minions_know_only_the_balancer(defaults):
@@ -298,7 +303,7 @@ def test_every_mode_builds_with_minimal_pillar(defaults, mode):
     settings = build(defaults, mode=mode, **extra)
     assert settings["mode"] == mode
     assert ms.minion_config(settings)["master"]
-    assert ms.master_config(settings, ms.primary(settings))["multimaster"]["mode"] == mode
+    assert ms.set_config(settings)["multimaster"]["mode"] == mode
 
 
 def test_redacted_settings_mask_secrets_but_keep_the_shape(defaults):
