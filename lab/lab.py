@@ -299,9 +299,13 @@ def write(name, inside, data, header):
 
 
 def multimaster_pillar(masters):
-    """The ``multimaster`` pillar every minion gets (hot mode, ``masters``, the lab's roots)."""
+    """
+    The ``multimaster`` pillar every minion gets (hot mode, ``masters``, the lab's roots),
+    master3's address a reserved slot: minions list it before master3 runs there.
+    """
     return {
         "mode": "hot",
+        "reserved": [MASTERS[NEW_MASTER]],
         "masters": [{"id": name, "host": MASTERS[name]} for name in masters],
         "install_packages": False,
         "reactor": {"keys": True, "first_highstate": True},

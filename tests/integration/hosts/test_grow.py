@@ -89,7 +89,7 @@ def _pings(primary, stop, record):
     records whether both answered.
     """
     while not stop.is_set():
-        began = time.monotonic()
+        began, sent = time.monotonic(), time.strftime("%H:%M:%S")
         ret = primary.sh(
             f"salt -L {','.join(PINGED)} test.ping -t 5 --static --out=json", check=False
         )
@@ -97,7 +97,10 @@ def _pings(primary, stop, record):
             answers = json.loads(ret.stdout or "{}")
         except ValueError:
             answers = {}
-        record.append(all(answers.get(minion) is True for minion in PINGED))
+        answered = all(answers.get(minion) is True for minion in PINGED)
+        record.append(answered)
+        if not answered:
+            print(f"ping sent {sent} unanswered: {ret.stdout}{ret.stderr}")
         stop.wait(max(0.0, 1.0 - (time.monotonic() - began)))
 
 
@@ -127,7 +130,7 @@ salt-run multimaster.sync_keys
 salt 'master*' state.apply multimaster.master
 salt-run multimaster.wait_masters     # a salt command meets a restarting master; a runner waits
 salt-run multimaster.wait_minions     # the minions of a restarted master sign in again
-salt '*' state.apply multimaster.minion
+salt '*' state.apply multimaster.minion queue=True   # after a reaction's job, if one runs
 salt-run multimaster.wait_masters
 salt-run multimaster.wait_minions
 """
