@@ -238,7 +238,7 @@ multimaster-orch-add-master-masters-settled:
     - failhard: true
     - require:
       - salt: multimaster-orch-add-master-primary-configured
-{%-   for step in ("sync_master_key", "sync_roots", "sync_keys") %}
+{%-   for step in ("sync_roots", "sync_keys") %}
 
 multimaster-orch-add-master-{{ step | replace("_", "-") }}:
   salt.runner:
@@ -257,6 +257,23 @@ multimaster-orch-add-master-new-master-modules-synced:
     - failhard: true
     - require:
       - salt: multimaster-orch-add-master-sync-roots
+
+multimaster-orch-add-master-new-master-settled:
+  salt.runner:
+    - name: multimaster.wait_masters
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-new-master-modules-synced
+
+{#- Last, and restarting the new master once: until it serves the set's key the minions that
+    list its address refuse it, so they sign in to it once, with its roots, keys and runners
+    in place. #}
+multimaster-orch-add-master-sync-master-key:
+  salt.runner:
+    - name: multimaster.sync_master_key
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-new-master-settled
 {%-   if others %}
 
 multimaster-orch-add-master-other-masters-configured:
@@ -267,19 +284,18 @@ multimaster-orch-add-master-other-masters-configured:
     - queue: true
     - failhard: true
     - require:
-      - salt: multimaster-orch-add-master-sync-keys
+      - salt: multimaster-orch-add-master-sync-master-key
 {%-   endif %}
 
-{#- sync_master_modules restarts the new master after its job returned (and multimaster.master
-    the others, where more than the set changed): a minion applying its state meanwhile would
-    fetch files from a master going down. #}
+{#- multimaster.master restarts the other masters after its job returned, where more than the
+    set changed: a minion applying its state meanwhile would fetch files from a master going
+    down. #}
 multimaster-orch-add-master-masters-settled-before-minions:
   salt.runner:
     - name: multimaster.wait_masters
     - failhard: true
     - require:
-      - salt: multimaster-orch-add-master-new-master-modules-synced
-      - salt: multimaster-orch-add-master-{{ "other-masters-configured" if others else "sync-keys" }}
+      - salt: multimaster-orch-add-master-{{ "other-masters-configured" if others else "sync-master-key" }}
 
 multimaster-orch-add-master-minions-configured:
   salt.state:
