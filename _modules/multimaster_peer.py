@@ -10,7 +10,6 @@ bound to a single-use challenge it issued; given ``answer_nonce`` (every functio
 the answer comes back signed with this minion's own key for that one publish.
 """
 
-import contextlib
 import functools
 import inspect
 import logging
@@ -131,10 +130,10 @@ def master_settled():
 @_signed_answer
 def apply_key_actions(transfer, order):
     """
-    Apply the planned key actions ``{"id", "op", "fp", "pub", "expect"}`` pulled from the
-    sending master to this master's key store, all checked first; skips an action whose id
-    changed since planned and an accept of a key rejected or denied here. Repairs what an
-    interrupted run left; rotates the AES key when an accepted key was removed.
+    Apply the key actions ``{"id", "op", "fp", "pub", "expect"}`` pulled from the sending
+    master to this master's key store, all checked first; skips an action whose id changed
+    since planned and an accept of a key rejected or denied here. Repairs what an interrupted
+    run left; rotates the AES key when an accepted key was removed.
 
     transfer, order
         The staged actions' descriptor (``{"ticket", "size", "sha256"}``) and the runner's
@@ -146,7 +145,7 @@ def apply_key_actions(transfer, order):
 
         salt-run multimaster.sync_keys   # the runner calls this; not meant for the CLI
     """
-    with contextlib.closing(multimaster_transport.content_puller(__opts__, __salt__)) as pull:
+    with multimaster_transport.content_puller(__opts__, __salt__) as pull:
         return multimaster_keywrite.apply_ordered_actions(
             __opts__, *_mopts(), transfer, order, pull
         )
@@ -267,10 +266,9 @@ def install_master_key(transfer, signing=False, timeout=90):
 
         salt-run multimaster.sync_master_key   # the runner calls this; not meant for the CLI
     """
-    master, section = _local()
-    with contextlib.closing(multimaster_transport.content_puller(__opts__, __salt__)) as pull:
+    with multimaster_transport.content_puller(__opts__, __salt__) as pull:
         return multimaster_masterkey.install_master_key(
-            __opts__, master, section, transfer, pull, signing, timeout
+            __opts__, *_local(), transfer, pull, signing, timeout
         )
 
 

@@ -818,11 +818,18 @@ class ContentPull:
             self._channel.close()
             self._channel = None
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
 
 def content_puller(minion_opts, salt_functions):
     """
     A ``ContentPull`` over the file server of the master that sent this job, its ``peer_run``
-    pull (``puller``) the fallback; ``close`` it when done. Made in the job's thread.
+    pull (``puller``) the fallback; ``close`` it when done (or use it in ``with``). Made in the
+    job's thread.
     """
     return ContentPull(minion_opts, puller(salt_functions))
 
