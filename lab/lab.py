@@ -39,8 +39,10 @@ master1's (sealed, restart, verified), ``sync_keys`` the accepted minion keys an
 formula re-points every minion at both masters. A key accepted with ``salt-key -a`` on master2
 reaches master1 through master2's key reactor (``multimaster:reactor:keys``), timed. minion3
 starts knowing both masters, is accepted on master1 only, and runs exactly one highstate
-(``multimaster:reactor:first_highstate``), none after a restart. master3 joins with
-``salt-run state.orch multimaster.orch.add_master`` while master1 pings minion1 once a second.
+(``multimaster:reactor:first_highstate``), none after a restart. master3's address is a
+reserved slot the minions list from the start: master3 joins with ``salt-run state.orch
+multimaster.orch.add_master`` while master1 pings minion1 once a second, and no master of the
+set and no minion restarts.
 
 Run it as root with the virtualenv's Python (``make demo`` / ``make down``): the hosts' PATH
 starts with the directory of that interpreter.
