@@ -88,8 +88,8 @@ multimaster-orch-promote-minions-settled:
     - require:
       - salt: multimaster-orch-promote-minions-configured
 
-{#- Each survivor's section names the new primary and epoch; each master restarts once no
-    minion still runs the job, this one too (the next step rides that out). #}
+{#- Each survivor's section names the new primary and epoch: its set file, which restarts no
+    master (a master restarts only where more changed, once no minion still runs the job). #}
 multimaster-orch-promote-masters-configured:
   salt.state:
     - tgt: {{ remaining | json }}
