@@ -116,14 +116,17 @@ def listening(pid):
 def test_master_renders_config_from_pillar(master_applied, master_conf):
     """
     The state writes master.d/multimaster.conf in the pillar's config_dir with the pillar's
-    interface, ports and the ``multimaster`` section the runners read.
+    interface and ports, and master.d/multimaster-set.conf with the ``multimaster`` section
+    the runners read.
     """
     states = assert_states_ok(master_applied)
     assert any(st["changes"] for st in states.values())
     config = yaml.safe_load(master_conf.read_text())
     assert config["interface"] == MASTER_HOSTS[1]
     assert (config["publish_port"], config["ret_port"]) == (PORTS.publish, PORTS.ret)
-    assert [m["id"] for m in config["multimaster"]["masters"]] == [
+    assert "multimaster" not in config
+    section = yaml.safe_load((master_conf.parent / "multimaster-set.conf").read_text())
+    assert [m["id"] for m in section["multimaster"]["masters"]] == [
         f"{PREFIX}-master1",
         f"{PREFIX}-master2",
     ]
