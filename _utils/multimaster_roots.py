@@ -149,9 +149,7 @@ def _opened_plan(minion_opts, salt_functions, master, plan):
     """
     The body of the roots plan ``plan`` (a transfer descriptor), pulled and unsealed.
     """
-    with contextlib.closing(
-        multimaster_transport.content_puller(minion_opts, salt_functions)
-    ) as pull:
+    with multimaster_transport.content_puller(minion_opts, salt_functions) as pull:
         envelope = multimaster_transport.pulled_json(plan, PLAN_LIMIT, "roots plan", pull)
     body, _ = multimaster_seal.unsealed_for(minion_opts, master, envelope, "roots")
     return body
