@@ -84,14 +84,28 @@ def test_a_fourth_master_is_added_with_one_orchestration(host_set):
 def run_blocks(host_set, blocks):
     """Each block on each of its hosts in turn, as the page prints it; stops at a failure."""
     env = {"FORMULA_GIT": nshosts.formula_git(), "CLUSTER_SECRET": secrets.token_hex(32)}
-    outputs = []
     for block in blocks:
         for name in block.hosts:
             result = host_set[name].sh(block.script, check=False, timeout=BLOCK_TIMEOUT, env=env)
-            outputs.append(f"# {name}\n{result.stdout}{result.stderr}")
-            assert result.returncode == 0, "\n".join([*outputs, minion_log_tail(host_set)])
+            assert result.returncode == 0, block_failure(host_set, block, name, result)
             if "state.orch" in block.script:
                 print_orchestration_time(name, result.stdout)
+
+
+def block_failure(host_set, block, name, result, lines=60):
+    """
+    A failed block's message: the block and host first, then the end of its output, then
+    minion1's log (a CI log shows a long message's start and end, not its middle).
+    """
+    output = f"{result.stdout}{result.stderr}".splitlines()[-lines:]
+    return "\n".join(
+        [
+            f"the block {block.script.splitlines()[0]!r} failed on {name} "
+            f"(exit {result.returncode}); the end of its output:",
+            *output,
+            minion_log_tail(host_set),
+        ]
+    )
 
 
 def assert_serves_the_cluster(host, masters):
