@@ -467,22 +467,24 @@ def poll_settled(run, found, masters):
         return {}, {m: "this master is restarting: nothing can be published yet" for m in masters}
 
 
-def await_restarts(run, found):
+def await_restarts(run, found, masters=None):
     """
-    Wait, with progress, while a master's restart is pending or this master is restarting;
-    masters that are down are left for the run to report. Raises ``Refused`` naming the
-    masters still restarting after ``SETTLE_TIMEOUT`` seconds.
+    Wait, with progress, while a restart of a master (of ``masters``, default all) is pending
+    or this master is restarting; masters that are down are left for the run to report.
+    Returns the masters that answered. Raises ``Refused`` naming the masters still restarting
+    after ``SETTLE_TIMEOUT`` seconds.
     """
     start = time.monotonic()
-    waiting = ids(found)
+    waiting, answered = list(masters if masters is not None else ids(found)), set()
     while True:
         answers, errors = poll_settled(run, found, waiting)
+        answered.update(answers)
         waited = time.monotonic() - start
         pending = [m for m, a in answers.items() if (a or {}).get("restart_pending")]
         silent = [m for m in waiting if m not in answers and waited < SILENT_GRACE]
         waiting = pending + silent
         if not waiting:
-            return
+            return sorted(answered)
         if waited > SETTLE_TIMEOUT:
             raise Refused(
                 f"a restart of {', '.join(waiting)} is still pending after {SETTLE_TIMEOUT}s "
@@ -491,3 +493,25 @@ def await_restarts(run, found):
             )
         run.progress(f"waiting for {', '.join(waiting)} to finish restarting ({round(waited)}s)")
         time.sleep(1)
+
+
+def settled_round(run, found, ask, parts):
+    """
+    ``ask()`` for a round to every master whose answers say ``restart_pending``, so that a run
+    pays no settle round of its own when nothing is restarting: only when the round shows a
+    restart pending, a master silent (or refused) or this master restarting does it wait as
+    ``await_restarts`` does and ask again (not when the silent masters stayed silent).
+    ``parts(result)`` gives a round's ``(answers, errors)``.
+    """
+    try:
+        result = ask()
+    except SaltClientError:
+        await_restarts(run, found)
+        return ask()
+    answers, errors = parts(result)
+    pending = [m for m, a in answers.items() if (a or {}).get("restart_pending")]
+    if not pending and not errors:
+        return result
+    if await_restarts(run, found, pending + sorted(errors)) or pending:
+        return ask()
+    return result

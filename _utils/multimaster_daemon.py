@@ -495,6 +495,15 @@ def restart_pending(pidfile):
     return False
 
 
+def host_restart_pending(mopts, minion_pidfile):
+    """
+    Is a restart of this host's salt-master (``mopts["pidfile"]``) or of its control minion
+    (``minion_pidfile``) pending? Until the control minion's own restart has happened the
+    runners would lose it mid-call, so it counts too.
+    """
+    return any(restart_pending(pidfile) for pidfile in (mopts["pidfile"], minion_pidfile))
+
+
 def _started_here(proc):
     """
     True when ``proc`` could be a watcher ``schedule_restart`` started: it runs as root or as

@@ -22,6 +22,7 @@ import re
 import stat
 import time
 
+import multimaster_daemon
 import multimaster_safefs
 import multimaster_seal
 import multimaster_transport
@@ -583,7 +584,9 @@ def peer_manifest(
     summaries and real paths of its roots, a fresh challenge and, with ``full``, the manifests
     of the kinds that differ from ``unless``, cut to ``dirs`` and sealed to the master that
     asked, bound to its ``nonce``. ``pull``: the job's ``multimaster_transport.puller``, where
-    ``dirs`` were staged (``staged_dir_digests``).
+    ``dirs`` were staged (``staged_dir_digests``). ``restart_pending`` answers what
+    ``master_settled`` would, so that a sync needs no settle round of its own
+    (``multimaster_control.settled_round``).
     """
     roots, files, modes = summarized_manifests(
         mopts, [kind for kind in kinds if kind in ROOT_KINDS]
@@ -592,12 +595,13 @@ def peer_manifest(
         "roots": roots,
         "real": real_layout(mopts),
         "binding": multimaster_seal.binding(minion_opts, master),
+        "restart_pending": multimaster_daemon.host_restart_pending(mopts, minion_opts["pidfile"]),
     }
     mine, theirs = digests(roots), unless if isinstance(unless, dict) else {}
     differing = {kind: envs for kind, envs in files.items() if mine[kind] != theirs.get(kind)}
     if full and differing:
         # Through the primary's file server, as the content comes (peer_run where it cannot).
-        with contextlib.closing(multimaster_transport.ContentPull(minion_opts, pull)) as fetch:
+        with multimaster_transport.ContentPull(minion_opts, pull) as fetch:
             dirs = staged_dir_digests(dirs, master["id"], fetch)
         budget = AnswerBudget()
         files, modes, partial = narrowed(differing, modes, dirs, budget)

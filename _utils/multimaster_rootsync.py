@@ -58,7 +58,15 @@ def sync_roots(run, roots="both", test=False, timeout=300):
             return multimaster_control.finish(
                 run, {"masters": {}, "comment": "; ".join(notes)}, False
             )
-        round_ = _manifest_round(run, found, current, kinds, timeout)
+        round_ = _checked_layouts(
+            found,
+            multimaster_control.settled_round(
+                run,
+                found,
+                lambda: _manifest_round(run, found, current, kinds, timeout),
+                lambda r: (r.answers, r.errors),
+            ),
+        )
     except SaltInvocationError as exc:
         return multimaster_control.refused(run, exc)
     ret = {"masters": {}, "roots": round_.digests}
@@ -88,7 +96,7 @@ def _further_rounds(run, found, current, kinds, results, timeout):
         rounds += 1
         run.progress(f"round {rounds}: directories left on {', '.join(_with_left(results))}")
         try:
-            round_ = _manifest_round(run, found, current, kinds, timeout)
+            round_ = _checked_layouts(found, _manifest_round(run, found, current, kinds, timeout))
         except SaltInvocationError as exc:
             for master in _with_left(results):
                 results[master] = {**results[master], "result": False, "error": str(exc)}
@@ -131,14 +139,13 @@ def _added(before, now):
 
 def _sync_target(run, roots):
     """
-    ``(opts, section)``: this master's config on disk and its section, once no master's restart
-    is pending. Refuses an unknown ``roots`` and a cluster.
+    ``(opts, section)``: this master's config on disk and its section. Refuses an unknown
+    ``roots`` and a cluster.
     """
     if roots not in ROOT_CHOICES:
         raise multimaster_control.Refused(f"roots={roots!r}: expected one of file, pillar, both")
     current = multimaster_control.on_disk(run)
     found = multimaster_control.acting(run, multimaster_control.section(run, current), "sync_roots")
-    multimaster_control.await_restarts(run, found)
     return current, found
 
 
@@ -167,8 +174,18 @@ def _manifest_round(run, found, current, kinds, timeout):
         timeout,
         multimaster_rootsplan.manifest_answer_check,
     )
-    multimaster_rootsplan.check_layouts(multimaster_control.ids(found)[0], local, answers)
     return _Round(local, digests, nonce, answers, errors)
+
+
+def _checked_layouts(found, round_):
+    """
+    ``round_``, once its answers show this master is the primary and every master's roots
+    pair with it (``multimaster_rootsplan.check_layouts``).
+    """
+    multimaster_rootsplan.check_layouts(
+        multimaster_control.ids(found)[0], round_.local, round_.answers
+    )
+    return round_
 
 
 def _published_dir_digests(run, found, local):

@@ -38,12 +38,7 @@ def settled(master, mopts, minion_pidfile):
     restart of it or of this control minion (``minion_pidfile``) pending?
     """
     up = bool(multimaster_daemon.master_alive(master, mopts))
-    # This control minion's own restart (multimaster.minion) counts too: until it has happened
-    # the runners would lose it mid-call.
-    pending = any(
-        multimaster_daemon.restart_pending(pidfile)
-        for pidfile in (mopts["pidfile"], minion_pidfile)
-    )
+    pending = multimaster_daemon.host_restart_pending(mopts, minion_pidfile)
     return {"up": up, "restart_pending": pending, "settled": up and not pending}
 
 

@@ -188,7 +188,7 @@ def settled(runner, monkeypatch, request):
     Every master settled: the runners' wait for pending restarts is its own tests' subject.
     """
     if "restarting" not in request.fixturenames:
-        monkeypatch.setattr(multimaster_control, "await_restarts", lambda run, found: None)
+        monkeypatch.setattr(multimaster_control, "await_restarts", lambda *a: None)
 
 
 @pytest.fixture
@@ -249,13 +249,19 @@ def test_a_runner_waits_for_a_pending_restart_before_it_acts(runner, restarting)
 def test_a_restart_that_stays_pending_is_refused_naming_master_and_command(
     runner, restarting, monkeypatch
 ):
+    """
+    ``sync_roots`` asks for the manifests first (no settle round while nothing restarts); an
+    answer it cannot use sends it to wait, and a restart still pending then is refused with
+    nothing applied.
+    """
     calls = restarting([{"cm1": SETTLED, "cm2": PENDING}] * 3)
     monkeypatch.setattr(multimaster_control, "SETTLE_TIMEOUT", -1)
     ret = runner.sync_roots()
     assert ret["retcode"] == 1, ret
     assert "restart of m2 is still pending" in ret["comment"], ret
     assert "salt-run multimaster.wait_masters" in ret["comment"], ret
-    assert set(calls) == {"multimaster_peer.master_settled"}
+    assert calls[0] == "multimaster_peer.roots_manifest", calls
+    assert set(calls[1:]) == {"multimaster_peer.master_settled"}, calls
 
 
 def test_a_master_that_is_down_is_not_waited_for(runner, restarting):

@@ -11,6 +11,7 @@ import os
 import stat
 
 import multimaster_control
+import multimaster_daemon
 import multimaster_keywrite
 import multimaster_manifest
 import multimaster_masterkey
@@ -68,13 +69,14 @@ class Host:
         self.peer._local = lambda: (dict(self.entry), SECTION)
         self.peer._mopts = lambda: (dict(self.entry), self.opts)
         self.sender = primary_opts or self.opts
-        self.returns = []
+        self.returns, self.calls = [], []
 
     def call(self, fun, kwarg):
         """
         What the control minion returns for ``multimaster_peer.<fun>``, recorded.
         """
         ret = getattr(self.peer, fun.rpartition(".")[2])(**(kwarg or {}))
+        self.calls.append(fun.rpartition(".")[2])
         self.returns.append(ret)
         return ret
 
@@ -152,6 +154,49 @@ def modes_at_writes(hosts, monkeypatch):
 
     monkeypatch.setattr(safefs, "write_file", write_file)
     return seen
+
+
+def test_a_sync_asks_each_master_once_for_its_manifests_and_no_settle_round(hosts):
+    """
+    While nothing restarts, the manifest round is the only question before the apply: its
+    answers say whether a restart is pending (what ``master_settled`` would answer).
+    """
+    runner, primary, peer = hosts
+    (primary.salt / "top.sls").write_text("base: {}\n")
+    assert runner.sync_roots(roots="file")["retcode"] == 0
+    assert runner.sync_roots(roots="file")["masters"]["m2"] == {"result": True, "changed": False}
+    assert primary.calls == ["roots_manifest"] * 2
+    assert peer.calls == ["roots_manifest", "apply_roots", "roots_manifest"]
+
+
+def test_a_peer_whose_restart_is_pending_is_waited_for_then_asked_again(hosts, monkeypatch):
+    """
+    The peer's manifest answer says its master's restart is pending: the sync waits (polls
+    ``master_settled`` until the restart has happened), asks for the manifests again, and
+    syncs from that answer, not from the one given before the restart.
+    """
+    runner, primary, peer = hosts
+    (primary.salt / "top.sls").write_text("base: {}\n")
+    restarts = iter([True, True])
+    real = multimaster_daemon.host_restart_pending
+
+    def pending(mopts, minion_pidfile):
+        if mopts is peer.opts:
+            return next(restarts, False)
+        return real(mopts, minion_pidfile)
+
+    monkeypatch.setattr(multimaster_daemon, "host_restart_pending", pending)
+    monkeypatch.setattr(multimaster_control.time, "sleep", lambda seconds: None)
+    ret = runner.sync_roots(roots="file")
+    assert ret["retcode"] == 0, ret
+    assert peer.calls == [
+        "roots_manifest",
+        "master_settled",
+        "master_settled",
+        "roots_manifest",
+        "apply_roots",
+    ]
+    assert (peer.salt / "top.sls").read_text() == "base: {}\n"
 
 
 @pytest.mark.parametrize("before", ["missing", "world-readable"])

@@ -128,3 +128,87 @@ def test_a_pillar_that_does_not_render_is_not_quoted_in_our_log(tmp_path, caplog
     ours = [r.getMessage() for r in caplog.records if r.name == multimaster_control.log.name]
     assert ours and "render errors" in ours[0], ours
     assert not any("s3cret" in message for message in ours), ours
+
+
+class Rounds:
+    """
+    A round asked of every master: each call answers with the next of ``rounds``
+    (``(answers, errors)`` or an exception to raise).
+    """
+
+    def __init__(self, *rounds):
+        self.rounds, self.asked = list(rounds), 0
+
+    def __call__(self):
+        self.asked += 1
+        answer = self.rounds.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+CLEAN = ({"m1": {"restart_pending": False}, "m2": {"restart_pending": False}}, {})
+
+
+class Waits(list):
+    """
+    The masters each settle wait was for, and who answers there (None: each it waited for).
+    """
+
+    answering = None
+
+
+@pytest.fixture
+def settle_waits(monkeypatch):
+    """
+    The masters each settle wait was for; a wait finds ``settle_waits.answering`` answering
+    (default: every master it waited for).
+    """
+    seen = Waits()
+
+    def await_restarts(run, found, masters=None):
+        seen.append(masters)
+        return list(masters or []) if seen.answering is None else seen.answering
+
+    monkeypatch.setattr(multimaster_control, "await_restarts", await_restarts)
+    return seen
+
+
+def settled_round(ask):
+    return multimaster_control.settled_round(None, None, ask, lambda result: result)
+
+
+def test_a_clean_round_is_kept_with_no_wait(settle_waits):
+    ask = Rounds(CLEAN)
+    assert settled_round(ask) == CLEAN
+    assert ask.asked == 1 and settle_waits == []
+
+
+def test_a_pending_restart_is_waited_for_and_the_round_asked_again(settle_waits):
+    pending = ({"m1": {"restart_pending": False}, "m2": {"restart_pending": True}}, {})
+    ask = Rounds(pending, CLEAN)
+    assert settled_round(ask) == CLEAN
+    assert settle_waits == [["m2"]]
+
+
+def test_a_silent_master_that_answers_after_the_wait_is_asked_again(settle_waits):
+    silent = ({"m1": {"restart_pending": False}}, {"m2": "no answer"})
+    ask = Rounds(silent, CLEAN)
+    assert settled_round(ask) == CLEAN
+    assert settle_waits == [["m2"]]
+
+
+def test_a_master_that_stays_silent_is_left_for_the_run_to_report(settle_waits):
+    silent = ({"m1": {"restart_pending": False}}, {"m2": "no answer"})
+    settle_waits.answering = []
+    ask = Rounds(silent)
+    assert settled_round(ask) == silent
+    assert ask.asked == 1
+
+
+def test_this_master_restarting_is_waited_out_for_every_master(settle_waits):
+    from salt.exceptions import SaltClientError
+
+    ask = Rounds(SaltClientError("no master"), CLEAN)
+    assert settled_round(ask) == CLEAN
+    assert settle_waits == [None]
