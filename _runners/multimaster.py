@@ -10,11 +10,10 @@ reached through its control minion (the salt-minion on that host, module ``multi
 targeted by exact id list. Every change is sent as an order signed by this master and bound to a
 single-use challenge of the recipient; every answer is used only when signed by the control
 minion's own key (as accepted here) for the nonce of that publish. Bulk data (key actions,
-sealed keys) never rides the publish: it is staged on this master and the recipient pulls it
-over its own request channel (``multimaster_transfer.pull``, allowed to the control minions by
-``peer_run``); the publish carries a ticket. Work is applied master by master in the configured
-order (the first is the primary). Every function takes ``test=True`` (return the plan, change
-nothing) and returns ``retcode: 1`` on any failure.
+sealed keys, roots) never rides the publish: staged here, it is pulled by its recipient through
+this master's file server (``peer_run`` the fallback). Work is applied master by master in the
+configured order (the first is the primary). Every function takes ``test=True`` (return the
+plan, change nothing) and returns ``retcode: 1`` on any failure.
 """
 
 import sys
@@ -275,7 +274,7 @@ def wait_minions(tgt="*", timeout=180, interval=2):
         Seconds to wait in all.
 
     interval
-        Seconds between rounds.
+        Seconds between rounds (a silent minion costs a round 5 s, then 2 s of ``find_job``).
 
     CLI Example:
 
@@ -587,7 +586,8 @@ def status(masters=None, timeout=30, ping_timeout=5, test=False):
         Seconds to wait for each control minion.
 
     ping_timeout
-        Seconds each master's ``test.ping`` waits for minions.
+        Seconds each master's ``test.ping`` waits for minions (then 2 s for Salt's
+        ``find_job``, not the master's ``gather_job_timeout``).
 
     CLI Example:
 

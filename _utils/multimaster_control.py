@@ -192,13 +192,14 @@ def this_master(run, found):
 # --- calling control minions -----------------------------------------------------------------
 
 
-def call(run, found, masters, fun, kwarg, timeout, check=None):
+def call(run, found, masters, fun, kwarg, timeout, check=None, find_job_timeout=None):
     """
     Run ``multimaster_peer.<fun>`` on the control minions of ``masters``; ``(answers, errors)``
     keyed by master id. Each answer must be signed by its control minion for a nonce fresh to
     this publish (a return's minion id proves nothing: see ``multimaster_returns``);
     ``check(answer)`` then validates (and may normalise) it: a peer's return is never trusted
     as it comes. Raises ``Refused`` when a peer is of a newer epoch (``fence``).
+    ``find_job_timeout``: see ``multimaster_returns.cmd_returns`` (polls pass it).
     """
     by_minion = {m["minion_id"]: m["id"] for m in found["masters"] if m["id"] in masters}
     nonce = os.urandom(32).hex()
@@ -210,6 +211,7 @@ def call(run, found, masters, fun, kwarg, timeout, check=None):
             f"{PEER}.{fun}",
             kwarg={**(kwarg or {}), "answer_nonce": nonce},
             timeout=timeout,
+            find_job_timeout=find_job_timeout,
         )
     # A recipient that pulled a transfer during this call has returned: its last pull's job
     # (the last chunk) leaves the job cache.
@@ -447,7 +449,7 @@ def signer_key(run):
 # --- waiting out restarts --------------------------------------------------------------------
 
 # master_settled answers in well under a second; a control minion that is restarting does not
-# answer at all, and each poll that meets one waits this long (plus Salt's find_job round).
+# answer at all, and each poll that meets one waits this long (plus a short find_job round).
 SETTLED_POLL_TIMEOUT = 3
 # How long a runner waits for a pending restart before it refuses.
 SETTLE_TIMEOUT = 120
@@ -462,7 +464,15 @@ def poll_settled(run, found, masters):
     restarting nothing can be published and every master is an error.
     """
     try:
-        return call(run, found, masters, "master_settled", {}, SETTLED_POLL_TIMEOUT)
+        return call(
+            run,
+            found,
+            masters,
+            "master_settled",
+            {},
+            SETTLED_POLL_TIMEOUT,
+            find_job_timeout=multimaster_returns.QUICK_FIND_JOB,
+        )
     except SaltClientError:
         return {}, {m: "this master is restarting: nothing can be published yet" for m in masters}
 

@@ -33,6 +33,11 @@ log = logging.getLogger(__name__)
 # the first interval, grown by half after each look up to the last.
 CACHE_LOOK_FIRST = 0.1
 CACHE_LOOK_INTERVAL = 1.0
+# Salt's ``gather_job_timeout`` for polls of functions that answer at once (``test.ping``, the
+# settle checks): a minion that did not answer within the poll's own timeout is not running
+# the job, and a silent one (restarting, or its host down) then costs the timeout plus this, not
+# the master's ``gather_job_timeout`` (10 s by default) on every round of a wait loop.
+QUICK_FIND_JOB = 2
 
 
 def _from_cache(client, jid, missing):
@@ -58,11 +63,12 @@ def _from_cache(client, jid, missing):
     return found
 
 
-def cmd_returns(client, minions, fun, kwarg=None, timeout=None):
+def cmd_returns(client, minions, fun, kwarg=None, timeout=None, find_job_timeout=None):
     """
     Run ``fun`` on the listed ``minions`` through ``client`` (a ``LocalClient``) and return
     ``{minion id: {"ret", "retcode", "jid"}}`` for each minion that answered within Salt's own
-    timeout rules (``timeout``, extended while ``saltutil.find_job`` finds the job running).
+    timeout rules (``timeout``, extended while ``saltutil.find_job`` finds the job running;
+    ``find_job_timeout`` overrides the master's ``gather_job_timeout`` for that check).
     """
     pub = client.run_job(
         list(minions), fun, kwarg=kwarg or {}, tgt_type="list", timeout=timeout, listen=True
@@ -71,8 +77,15 @@ def cmd_returns(client, minions, fun, kwarg=None, timeout=None):
         return {}
     jid, expected = pub["jid"], set(pub.get("minions") or [])
     returns = {}
+    find_job = {"gather_job_timeout": find_job_timeout} if find_job_timeout else {}
     events = client.get_iter_returns(
-        jid, list(expected), timeout=timeout, tgt=list(minions), tgt_type="list", block=False
+        jid,
+        list(expected),
+        timeout=timeout,
+        tgt=list(minions),
+        tgt_type="list",
+        block=False,
+        **find_job,
     )
     interval = CACHE_LOOK_FIRST
     next_look = time.monotonic() + interval

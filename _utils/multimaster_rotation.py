@@ -27,6 +27,7 @@ import multimaster_keysync
 import multimaster_masterkey
 import multimaster_masterkeyfiles
 import multimaster_pillarcheck
+import multimaster_returns
 import multimaster_seal
 import multimaster_settle
 import salt.client
@@ -59,6 +60,7 @@ def minions_verifying(config_dir, timeout=5):
             ["verify_master_pubkey_sign"],
             timeout=int(timeout),
             full_return=True,
+            gather_job_timeout=multimaster_returns.QUICK_FIND_JOB,
         )
     # Salt lists a targeted minion that did not return as False, or as a "no_return" entry.
     return {

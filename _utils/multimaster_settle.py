@@ -11,6 +11,7 @@ import multimaster_cluster
 import multimaster_clustersync
 import multimaster_control
 import multimaster_daemon
+import multimaster_returns
 import salt.client
 import salt.utils.minions
 from salt.exceptions import SaltInvocationError
@@ -146,7 +147,13 @@ def wait_minions(run, tgt="*", timeout=180, interval=2):
     start, silent = time.monotonic(), set(expected)
     with salt.client.get_local_client(run.opts["conf_file"]) as client:
         while True:
-            answered = client.cmd(sorted(silent), SETTLED, tgt_type="list", timeout=5)
+            answered = client.cmd(
+                sorted(silent),
+                SETTLED,
+                tgt_type="list",
+                timeout=5,
+                gather_job_timeout=multimaster_returns.QUICK_FIND_JOB,
+            )
             silent -= {m for m, ret in (answered or {}).items() if _settled(ret)}
             waited = round(time.monotonic() - start, 1)
             if not silent:

@@ -23,6 +23,7 @@ import multimaster_keywrite
 import multimaster_manifest
 import multimaster_masterkey
 import multimaster_masterkeyfiles
+import multimaster_returns
 import multimaster_rootsplan
 import multimaster_rootsync
 import multimaster_seal
@@ -55,12 +56,19 @@ def store_problems(mopts, signing):
 
 def ping_minions(config_dir, timeout=5):
     """
-    The minions that answer ``test.ping`` published by the master of ``config_dir``.
+    The minions that answer ``test.ping`` published by the master of ``config_dir`` within
+    ``timeout`` seconds (a minion not connected costs a short find_job round, not the master's
+    ``gather_job_timeout``).
     """
     import salt.client
 
     with salt.client.get_local_client(os.path.join(config_dir, "master")) as client:
-        returns = client.cmd("*", "test.ping", timeout=int(timeout))
+        returns = client.cmd(
+            "*",
+            "test.ping",
+            timeout=int(timeout),
+            gather_job_timeout=multimaster_returns.QUICK_FIND_JOB,
+        )
     return sorted(minion for minion, ret in returns.items() if ret is True)
 
 

@@ -153,7 +153,7 @@ def publish_through_cmd(runner, monkeypatch):
     collector goes through it, and the control minions sign what they answer.
     """
 
-    def cmd_returns(client, minions, fun, kwarg=None, timeout=None):
+    def cmd_returns(client, minions, fun, kwarg=None, timeout=None, find_job_timeout=None):
         kwarg = dict(kwarg or {})
         nonce = kwarg.pop("answer_nonce")
         returns = client.cmd(
@@ -1433,7 +1433,7 @@ def test_each_call_carries_a_fresh_nonce(runner, monkeypatch):
         def cmd(self, tgt, fun, kwarg=None, **_):
             return {m: {"ret": SETTLED, "retcode": 0} for m in tgt}
 
-    def cmd_returns(client, minions, fun, kwarg=None, timeout=None):
+    def cmd_returns(client, minions, fun, kwarg=None, timeout=None, find_job_timeout=None):
         nonces.append(kwarg["answer_nonce"])
         returns = client.cmd(list(minions), fun)
         return {m: {"ret": signed(r["ret"], fun, nonces[-1], m)} for m, r in returns.items()}
@@ -1519,7 +1519,7 @@ def test_wait_minions_waits_out_a_pending_minion_restart(runner, monkeypatch):
         def __exit__(self, *exc):
             return False
 
-        def cmd(self, tgt, fun, tgt_type=None, timeout=None):
+        def cmd(self, tgt, fun, tgt_type=None, timeout=None, gather_job_timeout=None):
             asked.append((tgt, fun))
             return next(rounds)
 

@@ -108,7 +108,7 @@ def hosts(tmp_path, monkeypatch):
         lambda pull, ticket, offset: by_minion[pull._opts["id"]].serve(ticket, offset),
     )
 
-    def cmd_returns(client, minions, fun, kwarg=None, timeout=None):
+    def cmd_returns(client, minions, fun, kwarg=None, timeout=None, find_job_timeout=None):
         return {m: {"ret": by_minion[m].call(fun, kwarg), "retcode": 0} for m in minions}
 
     monkeypatch.setattr(multimaster_returns, "cmd_returns", cmd_returns)

@@ -19,6 +19,7 @@ class Client:
         self.events, self.cache, self.minions = events, cache, list(minions)
         self.cache_reads = 0
         self.cleaned = []
+        self.iter_kwargs = {}
         self.returners = {"local_cache.get_jid": self._get_jid}
 
     def _get_jid(self, jid):
@@ -32,6 +33,7 @@ class Client:
 
     def get_iter_returns(self, jid, minions, **kwargs):
         assert kwargs["block"] is False
+        self.iter_kwargs = kwargs
         yield from self.events
         for _ in range(200):
             yield None
@@ -96,3 +98,14 @@ def test_a_job_cache_that_is_down_does_not_fail_the_job(monkeypatch):
     monkeypatch.setattr(returns, "CACHE_LOOK_INTERVAL", 0)
     got = returns.cmd_returns(client, ["cm2"], "test.ping")
     assert got == {"cm2": {"ret": True, "retcode": 0, "jid": "j1"}}
+
+
+def test_a_poll_s_find_job_round_is_short_and_other_calls_keep_the_master_s():
+    polled = Client([{"cm1": {"ret": True, "retcode": 0, "jid": "j1"}}], {}, minions=["cm1"])
+    returns.cmd_returns(
+        polled, ["cm1"], "test.ping", timeout=3, find_job_timeout=returns.QUICK_FIND_JOB
+    )
+    assert polled.iter_kwargs["gather_job_timeout"] == returns.QUICK_FIND_JOB
+    called = Client([{"cm1": {"ret": True, "retcode": 0, "jid": "j1"}}], {}, minions=["cm1"])
+    returns.cmd_returns(called, ["cm1"], "multimaster_peer.apply_roots", timeout=300)
+    assert "gather_job_timeout" not in called.iter_kwargs

@@ -145,7 +145,7 @@ def test_a_minion_that_did_not_return_to_a_master_is_not_counted_there(monkeypat
         def __exit__(self, *_):
             return False
 
-        def cmd(self, tgt, fun, arg, timeout, full_return):
+        def cmd(self, tgt, fun, arg, timeout, full_return, gather_job_timeout):
             assert (tgt, fun, arg, full_return) == (
                 "*",
                 "config.get",
