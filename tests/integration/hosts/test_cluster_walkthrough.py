@@ -120,7 +120,7 @@ def assert_serves_the_cluster(host, masters):
         ping = host.sh("salt '*' test.ping --out=json --static", check=False).stdout
         if json.loads(ping or "{}") == dict.fromkeys(minions, True):
             break
-        time.sleep(5)
+        time.sleep(2)
     keys = host.sh("salt-key -L --out=json", check=False).stdout
     assert json.loads(ping or "{}") == dict.fromkeys(minions, True), (host.name, ping, keys)
     print(f"{host.name}: every minion answered after {time.monotonic() - started:.0f} s")

@@ -111,8 +111,7 @@ def _pings(primary, stop, record):
 
 
 def _answer_master3(host_set, minions):
-    answers = host_set["master3"].sh("salt '*' test.ping --out=txt", check=False).stdout
-    return all(f"{minion}: True" in answers for minion in minions)
+    return set(minions) <= nshosts.answering(host_set["master3"], minions)
 
 
 def _accepted(host, minion):

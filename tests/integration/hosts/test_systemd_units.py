@@ -82,12 +82,8 @@ def _restarted(hosts, host, unit, before, timeout=120):
     )
 
 
-def _answers(host, tgt="*"):
-    out = host.sh(f"salt '{tgt}' test.ping --out=json --static", check=False).stdout
-    try:
-        return sorted(m for m, ok in json.loads(out or "{}").items() if ok is True)
-    except ValueError:
-        return []
+def _answers(host):
+    return sorted(nshosts.answering(host))
 
 
 def test_each_host_runs_systemd_over_a_root_of_its_own(hosts):
