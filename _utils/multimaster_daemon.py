@@ -156,8 +156,7 @@ def _identity_problem(proc, pidfile, daemon, config_dir):
         running = os.path.join(proc.cwd(), running)
     if os.path.realpath(running) != os.path.realpath(config_dir):
         return f"pid {proc.pid} is {daemon} of {running}, not of {config_dir}"
-    if proc.create_time() > os.stat(pidfile).st_mtime + PIDFILE_SLACK:
-        # A process that got the pid later cannot have written the pidfile.
+    if not may_have_written(proc, os.stat(pidfile)):
         return f"pid {proc.pid} started after {pidfile} was written (a reused pid)"
     return None
 
@@ -502,6 +501,20 @@ def host_restart_pending(mopts, minion_pidfile):
     runners would lose it mid-call, so it counts too.
     """
     return any(restart_pending(pidfile) for pidfile in (mopts["pidfile"], minion_pidfile))
+
+
+def may_have_written(proc, written):
+    """
+    Whether ``proc`` may have written the file whose ``os.stat`` is ``written`` (a pidfile
+    naming it): it runs as the file's owner, or it started no later than the file was last
+    written. A process of another user that started later holds a reused pid. The owner is not
+    held to the times: a forward step of the clock (a VM resumed, NTP setting the time) moves
+    the start time of every running process, as it is counted from the boot time, past the
+    files it wrote, and a master would never be restarted again.
+    """
+    if proc.uids().effective == written.st_uid:
+        return True
+    return proc.create_time() <= written.st_mtime + PIDFILE_SLACK
 
 
 def _started_here(proc):

@@ -167,13 +167,14 @@ def read(path):
 
 def running_pids(pidfile, config_file):
     """
-    The pids in ``pidfile`` that are HAProxy processes of ``config_file`` started no later than
-    the pidfile was written; ``[]`` when none is (a stale pidfile, a reused pid).
+    The pids in ``pidfile`` that are HAProxy processes of ``config_file`` that may have written
+    it (``multimaster_daemon.may_have_written``); ``[]`` when none is (a stale pidfile, a
+    reused pid).
     """
     try:
         with open(pidfile, encoding="ascii") as handle:
             claimed = [int(line) for line in handle.read().split() if line.isdigit()]
-        written = os.stat(pidfile).st_mtime
+        written = os.stat(pidfile)
     except (OSError, ValueError):
         return []
     return [pid for pid in claimed if _is_haproxy_of(pid, config_file, written)]
@@ -183,15 +184,14 @@ def _is_haproxy_of(pid, config_file, written):
     try:
         proc = psutil.Process(pid)
         argv = proc.cmdline()
-        started = proc.create_time()
+        if not argv or os.path.basename(argv[0]) != "haproxy":
+            return False
+        used = multimaster_daemon.option_value(argv[1:], "-f", "--config")
+        if used is None or os.path.realpath(used) != os.path.realpath(config_file):
+            return False
+        return multimaster_daemon.may_have_written(proc, written)
     except (psutil.Error, OSError):
         return False
-    if not argv or os.path.basename(argv[0]) != "haproxy":
-        return False
-    used = multimaster_daemon.option_value(argv[1:], "-f", "--config")
-    if used is None or os.path.realpath(used) != os.path.realpath(config_file):
-        return False
-    return started <= written + multimaster_daemon.PIDFILE_SLACK
 
 
 def start_or_reload(config_file, pidfile):

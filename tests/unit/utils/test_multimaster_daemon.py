@@ -186,9 +186,17 @@ def test_stop_now_refuses_a_foreign_process(child, tmp_path, conf, no_exec):
     assert proc.poll() is None
 
 
+# A user the test's processes do not run as.
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="gives a file to another user")
+
+
+@needs_root
 def test_verified_pid_refuses_a_pidfile_older_than_the_process(master, conf, no_exec):
-    # The pid was reused: the process holding it now started after the pidfile was written.
+    # The pid was reused: the process holding it now, of another user than the pidfile's,
+    # started after the pidfile was written.
     proc, pidfile = master("-c", conf)
+    os.chown(pidfile, NOBODY, -1)
     old = time.time() - 3600
     os.utime(pidfile, (old, old))
     assert multimaster_daemon.verified_pid(pidfile, "salt-master", conf) is None
@@ -198,6 +206,17 @@ def test_verified_pid_refuses_a_pidfile_older_than_the_process(master, conf, no_
     with pytest.raises(CommandExecutionError, match="started after"):
         multimaster_daemon.stop_now(pidfile, "no-such-unit", "salt-master", conf)
     assert no_exec == [] and proc.poll() is None
+
+
+def test_a_clock_step_does_not_make_the_owner_s_daemon_a_reused_pid(master, conf, no_exec):
+    # The clock stepped forward an hour after the daemon wrote its pidfile (a VM resumed): as
+    # psutil counts it, the daemon now started after it wrote the pidfile. It runs as the
+    # pidfile's owner, so it is still the daemon, and is restarted.
+    proc, pidfile = master("-c", conf)
+    old = time.time() - 3600
+    os.utime(pidfile, (old, old))
+    assert multimaster_daemon.verified_pid(pidfile, "salt-master", conf) == proc.pid
+    assert multimaster_daemon.schedule_restart(pidfile, "x", "salt-master", conf)["scheduled"]
 
 
 def test_verified_pid_refuses_another_config_dir(master, conf, tmp_path, caplog):
