@@ -1,7 +1,8 @@
 """
 This host's Salt daemons, as the formula's states, orchestrations and runners drive them:
 restart the salt-minion or the master it controls once the current job has returned, restart a
-master now, stop one, sync a master's own custom modules, and tell whether a restart is pending.
+master now, start one that does not run, stop one, sync a master's own custom modules, and tell
+whether a restart is pending.
 
 Every restart is built from the daemon's own config and its verified pidfile (or its systemd
 unit), never from a command line read from ``/proc``: see ``multimaster_daemon``. The settings
@@ -148,6 +149,37 @@ def restart_master_now(service="salt-master", timeout=90):
     if not multimaster_daemon.wait_port(host, int(mopts["ret_port"]), float(timeout)):
         raise CommandExecutionError(f"salt-master did not listen on {host} after the restart")
     return stopped["service"] or "daemon"
+
+
+def start_master(service="salt-master", timeout=90):
+    """
+    Start this host's salt-master (the master whose control minion this is) unless it runs, and
+    wait until it listens on its ret port: what ``multimaster.orch.add_master`` runs on a new
+    master once the set's key, roots, minion keys and runners are in place, so that it first
+    listens serving the set's key. As its systemd unit where the host knows one, else
+    ``salt-master -c <config dir> -d``.
+
+    service
+        The systemd unit name.
+
+    timeout
+        Seconds to wait for the ret port.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master3 multimaster_daemons.start_master
+    """
+    master = _this_master()
+    mopts = multimaster_keystore.master_opts(master["config_dir"])
+    how = multimaster_daemon.start_if_stopped(
+        master["pidfile"], service, "salt-master", master["config_dir"]
+    )
+    host = master["host"]
+    if not multimaster_daemon.wait_port(host, int(mopts["ret_port"]), float(timeout)):
+        raise CommandExecutionError(f"salt-master did not listen on {host} after its start")
+    return {"started": how is not None, "how": how}
 
 
 def sync_master_modules(restart=True, service="salt-master", forms=None):

@@ -232,6 +232,25 @@ def systemd_service_of(pid, service):
         return None
 
 
+def systemd_unit_known(service):
+    """
+    Whether this host runs systemd and knows the unit ``service`` (installed by a package).
+    """
+    if not os.path.isdir("/run/systemd/system") or not shutil.which("systemctl"):
+        return False
+    try:
+        state = subprocess.run(
+            ["systemctl", "show", "-p", "LoadState", "--value", service],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return state == "loaded"
+
+
 # --- what to run -----------------------------------------------------------------------------
 
 
@@ -337,6 +356,26 @@ def start_now(stopped, daemon, config_dir):
         subprocess.run(["systemctl", "start", stopped["service"]], check=False, timeout=60)
     else:
         _spawn(stopped["command"] or daemon_command(daemon, config_dir))
+
+
+def start_if_stopped(pidfile, service, daemon, config_dir):
+    """
+    Start the ``daemon`` of ``config_dir`` unless the one ``pidfile`` records runs: as the
+    systemd unit ``service`` where the host knows it, else as ``daemon_command``. Returns how
+    it was started (``"service"``, ``"daemon"``), or None when it was running already.
+
+    A pidfile naming a live process that is not that daemon raises CommandExecutionError.
+    """
+    proc, problem = _recorded_daemon(pidfile, daemon, config_dir)
+    if problem:
+        raise CommandExecutionError(f"{pidfile}: {problem}; not starting another, check it by hand")
+    if proc is not None:
+        return None
+    if systemd_unit_known(service):
+        subprocess.run(["systemctl", "start", service], check=False, timeout=60)
+        return "service"
+    _spawn(daemon_command(daemon, config_dir))
+    return "daemon"
 
 
 # A master restarted the moment the job that reconfigured it ended can drop that job's return:

@@ -28,6 +28,9 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 # The largest sealed key pair accepted.
 ENVELOPE_LIMIT = 1024 * 1024
+# What a master that does not run reports instead of a sign-in: a new master stays stopped
+# until add_master starts it, so that its first listen serves the set's key.
+NOT_RUNNING = "salt-master is not running: it serves the stored key from its next start"
 
 
 def master_key_info(minion_opts, master, mopts, signing=False):
@@ -42,7 +45,18 @@ def master_key_info(minion_opts, master, mopts, signing=False):
         "own_pub": multimaster_masterkeyfiles.read_master_key(mopts) if signing else pub,
         "salt_finger": pub and multimaster_keys.salt_finger(pub),
         "binding": multimaster_seal.binding(minion_opts, master),
+        "running": master_running(master, mopts),
     }
+
+
+def master_running(master, mopts):
+    """
+    Whether ``master``'s salt-master runs (its verified pidfile names a live salt-master).
+    """
+    return (
+        multimaster_daemon.running_since(mopts["pidfile"], "salt-master", master["config_dir"])
+        is not None
+    )
 
 
 def verify_served(minion_opts, host, port, pub, sign_pub=None, timeout=60):
@@ -106,7 +120,8 @@ def install_master_key(minion_opts, master, section, transfer, pull, signing=Fal
     """
     What ``multimaster_peer.install_master_key`` answers: the sealed pair pulled with ``pull``
     stored while the master is stopped (unless it already serves it), the master started
-    again and checked by a sign-in.
+    again and checked by a sign-in. A master that was not running is left stopped: it serves
+    the pair from its first start (``served`` None).
     """
     mopts = multimaster_keystore.master_opts(master["config_dir"])
     host, port = master["host"], int(section["ports"]["ret"])
@@ -114,7 +129,10 @@ def install_master_key(minion_opts, master, section, transfer, pull, signing=Fal
     pem, pub, fp = opened_pair(minion_opts, envelope, master, signing)
     result = {"fp": fp, "changed": False, "restarted": None}
     current = multimaster_masterkeyfiles.read_master_key(mopts, signing=signing)
-    if current and multimaster_keys.fingerprint(current) == fp:
+    stored = current and multimaster_keys.fingerprint(current) == fp
+    if stored and not master_running(master, mopts):
+        return dict(result, served=None, reason=NOT_RUNNING)
+    if stored:
         served = served_args(mopts, pub, signing)
         ok, reason = verify_served(minion_opts, host, port, *served, timeout=10)
         if ok:
@@ -127,7 +145,10 @@ def install_master_key(minion_opts, master, section, transfer, pull, signing=Fal
         multimaster_masterkeyfiles.install_master_key(mopts, pem, pub, signing=signing)
     finally:
         del pem
-        multimaster_daemon.start_now(stopped, "salt-master", master["config_dir"])
+        if stopped["was_running"]:
+            multimaster_daemon.start_now(stopped, "salt-master", master["config_dir"])
+    if not stopped["was_running"]:
+        return dict(result, changed=True, served=None, reason=NOT_RUNNING)
     result.update(changed=True, restarted=stopped["service"] or "daemon")
     if not multimaster_daemon.wait_port(host, port, timeout):
         return dict(result, served=False, reason=f"master did not listen on {host}:{port}")
@@ -249,7 +270,7 @@ def _deliver(run, section, master, plan, signing, timeout):
     if error is not None:
         return {"result": False, "error": error}
     return {
-        "result": bool(done.get("served")),
+        "result": done.get("served") is True or done.get("reason") == NOT_RUNNING,
         "changed": done.get("changed"),
         "restarted": done.get("restarted"),
         "served": done.get("served"),
@@ -268,6 +289,9 @@ def verify_all(run, section, ret, plan, signing, timeout):
     for index, master in enumerate(masters):
         report = ret["masters"].setdefault(master["id"], {"result": True})
         if report.get("result") is False:
+            continue
+        if plan["info"].get(master["id"], {}).get("running") is False:
+            report.update(served=None, reason=NOT_RUNNING)
             continue
         verifier = masters[(index + 1) % len(masters)]["id"]
         if signing:

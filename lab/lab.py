@@ -41,8 +41,8 @@ reaches master1 through master2's key reactor (``multimaster:reactor:keys``), ti
 starts knowing both masters, is accepted on master1 only, and runs exactly one highstate
 (``multimaster:reactor:first_highstate``), none after a restart. master3's address is a
 reserved slot the minions list from the start: master3 joins with ``salt-run state.orch
-multimaster.orch.add_master`` while master1 pings minion1 once a second, and no master of the
-set and no minion restarts.
+multimaster.orch.add_master`` while master1 pings minion1 once a second; its salt-master first
+starts with the set's key, no master of the set and no minion restarts, and no ping is missed.
 
 Run it as root with the virtualenv's Python (``make demo`` / ``make down``): the hosts' PATH
 starts with the directory of that interpreter.
@@ -352,15 +352,22 @@ def write_configs():
     write_pillar()
 
 
-def bootstrap(names, masters=("master1",)):
-    """Install Salt on the hosts ``names`` at once, as a bootstrap does; wait for the daemons."""
+def bootstrap(names, masters=("master1",), master_started=True):
+    """
+    Install Salt on the hosts ``names`` at once, as a bootstrap does; wait for the daemons.
+    ``master_started=False``: salt-master installed on a master host, not started.
+    """
     addresses = [MASTERS[m] for m in masters]
 
     def one(name):
         nshosts.bootstrap(
-            host(name), addresses[0] if len(addresses) == 1 else addresses, name in MASTERS
+            host(name),
+            addresses[0] if len(addresses) == 1 else addresses,
+            name in MASTERS,
+            master_started=master_started,
         )
-        roles = ["master", "minion"] if name in MASTERS else ["minion"]
+        started = name in MASTERS and master_started
+        roles = ["master", "minion"] if started else ["minion"]
         for role in roles:
             wait_for(
                 f"salt-{role} {name} to start",
@@ -369,7 +376,7 @@ def bootstrap(names, masters=("master1",)):
                 interval=0.3,
                 logs=[log(name, role)],
             )
-        if name in MASTERS:
+        if started:
             wait_master_listening(name)
 
     with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
@@ -785,10 +792,11 @@ def orchestration_failures(result):
 
 def bootstrap_new_master():
     """
-    Bootstrap ``NEW_MASTER`` (master and control minion), accept its control minion on master1,
-    and wait until that minion's first highstate and every job of it have finished.
+    Bootstrap ``NEW_MASTER`` (its control minion; salt-master installed, not started: add_master
+    starts it with the set's key), accept its control minion on master1, and wait until that
+    minion's first highstate and every job of it have finished.
     """
-    bootstrap([NEW_MASTER])
+    bootstrap([NEW_MASTER], master_started=False)
     accept_new_minion(NEW_MASTER, reactor_on="master2")
     wait_answering("master1", [NEW_MASTER])
     # Its first start got it a first highstate too: let that finish before the orchestration
@@ -857,7 +865,7 @@ def add_master(report):
     master3 joins with ``state.orch multimaster.orch.add_master`` while master1 pings the hot
     minion1 once a second; afterwards every hot minion answers master3.
     """
-    with report.step(f"bootstrap {NEW_MASTER} (master + control minion); salt-key -a on master1"):
+    with report.step(f"bootstrap {NEW_MASTER} (control minion, master not started); salt-key -a"):
         bootstrap_new_master()
     with report.step(f"pillar: {NEW_MASTER} added to multimaster:masters"):
         write_pillar(MASTERS)

@@ -403,7 +403,7 @@ def answering(host, minions=None, timeout=5):
     return set(found) if isinstance(found, list) else set()
 
 
-def bootstrap(host, master_address, master=False, ship_config=True):
+def bootstrap(host, master_address, master=False, ship_config=True, master_started=True):
     """
     What the Salt Project's bootstrap script leaves on a host (``-A <address> -i <id>``, ``-M``
     for a master): Salt on PATH, ``/etc/salt/minion`` (and ``master``) as the packages ship
@@ -411,6 +411,7 @@ def bootstrap(host, master_address, master=False, ship_config=True):
     several masters, as configured after the bootstrap), and the daemons started. A master
     also gets ``SHARED_CORES_MASTER`` in ``master.d``.
     ``ship_config=False``: a pip install, which ships no config file at all.
+    ``master_started=False``: salt-master installed but not started (the minion is).
     """
     files = {"/etc/salt/minion_id": host.name}
     # The packages create both include dirs; a pip install creates neither.
@@ -434,7 +435,7 @@ def bootstrap(host, master_address, master=False, ship_config=True):
         path = host.path(inside)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    daemons = ["salt-master"] if master else []
+    daemons = ["salt-master"] if master and master_started else []
     host.sh("; ".join(host.start_command(d) for d in [*daemons, "salt-minion"]))
 
 

@@ -3,10 +3,11 @@
 {#- salt-run state.orch multimaster.orch.add_master pillar='{"multimaster_new": "master3"}'
     Brings in a master already listed in pillar multimaster:masters whose control minion is
     accepted on the primary. Run on the primary. Stops at the first failure; safe to re-run.
-    The primary's multimaster.master comes before the key sync (not after it, with the other
-    masters): the master key is sealed only to recipients in the primary's own config. Only
-    its set file changes, which restarts no master (the new control minion pulls through the
-    primary's file server, which needs no peer_run entry for it).
+    The primary's multimaster.master comes first (not with the other masters): the master key
+    is sealed only to recipients in the primary's own config. Only its set file changes, which
+    restarts no master (the new control minion pulls through the primary's file server, which
+    needs no peer_run entry for it). The key sync comes next, so that a new master that does
+    not run yet first starts serving the set's key.
 
     Mode cluster (run on any master; multimaster_balancer_minion names the HAProxy host's
     minion; the new control minion is accepted and answers, connected to any master): the new
@@ -212,16 +213,6 @@ multimaster-orch-add-master-modules-synced:
     - require:
       - salt: multimaster-orch-add-master-new-control-minion-answers
 
-multimaster-orch-add-master-new-master-configured:
-  salt.state:
-    - tgt: [{{ new.minion_id | json }}]
-    - tgt_type: list
-    - sls: multimaster.master
-    - queue: true
-    - failhard: true
-    - require:
-      - salt: multimaster-orch-add-master-modules-synced
-
 multimaster-orch-add-master-primary-configured:
   salt.state:
     - tgt: [{{ primary.minion_id | json }}]
@@ -230,25 +221,45 @@ multimaster-orch-add-master-primary-configured:
     - queue: true
     - failhard: true
     - require:
-      - salt: multimaster-orch-add-master-new-master-configured
+      - salt: multimaster-orch-add-master-modules-synced
 
+{#- The new master may not run yet: it is started below, once it has what it serves. #}
 multimaster-orch-add-master-masters-settled:
   salt.runner:
     - name: multimaster.wait_masters
+    - skip: {{ new_id | json }}
     - failhard: true
     - require:
       - salt: multimaster-orch-add-master-primary-configured
-{%-   for step in ("sync_roots", "sync_keys") %}
 
-multimaster-orch-add-master-{{ step | replace("_", "-") }}:
+{#- First: a new master that does not run yet keeps the set's key from its first start (a
+    package install starts it in the next step), so a minion listing its address never meets
+    a key of its own. One bootstrapped running restarts with the set's key. #}
+multimaster-orch-add-master-sync-master-key:
   salt.runner:
-    - name: multimaster.{{ step }}
+    - name: multimaster.sync_master_key
     - failhard: true
     - require:
       - salt: multimaster-orch-add-master-masters-settled
-{%-   endfor %}
 
-{#- Its reactors call the formula's runners: they come with its roots, and load at a restart. #}
+multimaster-orch-add-master-new-master-configured:
+  salt.state:
+    - tgt: [{{ new.minion_id | json }}]
+    - tgt_type: list
+    - sls: multimaster.master
+    - queue: true
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-sync-master-key
+
+multimaster-orch-add-master-sync-roots:
+  salt.runner:
+    - name: multimaster.sync_roots
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-new-master-configured
+
+{#- Its reactors call the formula's runners: they come with its roots, and load at a start. #}
 multimaster-orch-add-master-new-master-modules-synced:
   salt.function:
     - name: multimaster_daemons.sync_master_modules
@@ -258,19 +269,28 @@ multimaster-orch-add-master-new-master-modules-synced:
     - require:
       - salt: multimaster-orch-add-master-sync-roots
 
+{#- Its first start, unless a package install started it: the set's key, its roots and runners
+    in place. The minion keys follow: sync_keys leaves a master that does not run untouched
+    (minions signing in meanwhile wait as pending there, and retry). #}
+multimaster-orch-add-master-new-master-started:
+  salt.function:
+    - name: multimaster_daemons.start_master
+    - tgt: [{{ new.minion_id | json }}]
+    - tgt_type: list
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-add-master-new-master-modules-synced
+
 multimaster-orch-add-master-new-master-settled:
   salt.runner:
     - name: multimaster.wait_masters
     - failhard: true
     - require:
-      - salt: multimaster-orch-add-master-new-master-modules-synced
+      - salt: multimaster-orch-add-master-new-master-started
 
-{#- Last, and restarting the new master once: until it serves the set's key the minions that
-    list its address refuse it, so they sign in to it once, with its roots, keys and runners
-    in place. #}
-multimaster-orch-add-master-sync-master-key:
+multimaster-orch-add-master-sync-keys:
   salt.runner:
-    - name: multimaster.sync_master_key
+    - name: multimaster.sync_keys
     - failhard: true
     - require:
       - salt: multimaster-orch-add-master-new-master-settled
@@ -284,7 +304,7 @@ multimaster-orch-add-master-other-masters-configured:
     - queue: true
     - failhard: true
     - require:
-      - salt: multimaster-orch-add-master-sync-master-key
+      - salt: multimaster-orch-add-master-sync-keys
 {%-   endif %}
 
 {#- multimaster.master restarts the other masters after its job returned, where more than the
@@ -295,7 +315,7 @@ multimaster-orch-add-master-masters-settled-before-minions:
     - name: multimaster.wait_masters
     - failhard: true
     - require:
-      - salt: multimaster-orch-add-master-{{ "other-masters-configured" if others else "sync-master-key" }}
+      - salt: multimaster-orch-add-master-{{ "other-masters-configured" if others else "sync-keys" }}
 
 multimaster-orch-add-master-minions-configured:
   salt.state:

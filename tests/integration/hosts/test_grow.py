@@ -6,11 +6,10 @@ reaction that could not run said so in the master's log at error level. A new mi
 set gets exactly one first highstate from the two masters' reactions. Then the "Adding a master"
 walk-through of docs/adding-masters.md runs as written: master3 joins and leaves, into and out
 of the slot the set's pillar reserves for it: no minion the formula configured and no master
-the set ran restarts, and the minions pinged from the primary through the join miss at most
-one short run of pings, as they sign in to the new master.
+the set ran restarts, the minions pinged from the primary through the join miss no ping, and
+none of them ever meets a master key of master3's own (it first starts with the set's key).
 """
 
-import itertools
 import json
 import threading
 import time
@@ -83,10 +82,8 @@ def _master_pids(host_set, names):
 
 
 PINGED = ("minion1", "minion3")
-# The bound docs/adding-masters.md states for a join into a reserved slot: the pings missed as
-# the minions sign in to the new master, one run of at most this many (a ping a second).
-SIGN_IN_STREAKS = 1
-SIGN_IN_STREAK_LEN = 2
+# What a minion logs when a listed master serves a key other than the one it trusts.
+FOREIGN_KEY = "The master key has changed"
 
 
 def _pings(primary, stop, record):
@@ -193,17 +190,30 @@ def test_the_add_and_remove_master_walk_through_runs_as_written(host_set):
     """
     blocks = walkthrough.blocks("Adding a master", PAGE)
     assert blocks[0].host == "master3" and "bootstrap-salt.sh" in blocks[0].script
-    configured = ("master1", "master2", "minion1")
+    primary = host_set["master1"]
+    # minion3 came after the build: the formula configures it now, its one restart.
+    started = _minion_pids(host_set, ["minion3"])
+    primary.sh("salt minion3 state.apply multimaster.minion")
+    host_set.wait(
+        "minion3 to restart with the formula's config and answer",
+        lambda: (
+            _minion_pids(host_set, ["minion3"]) != started
+            and "minion3" in nshosts.answering(primary, ["minion3"])
+        ),
+        90,
+    )
+    configured = ("master1", "master2", "minion1", "minion3")
     conf = "/etc/salt/minion.d/multimaster.conf"
     listed = host_set["minion1"].path(conf).read_text()
     assert "10.0.3.232" in listed, listed
     pids = _minion_pids(host_set, configured)
     masters = _master_pids(host_set, ("master1", "master2"))
-    nshosts.bootstrap(host_set["master3"], PRIMARY, master=True)
+    # The walk-through installs Salt without salt-master and add_master installs it; these
+    # hosts run Salt from pip, which carries salt-master already: installed, never started.
+    nshosts.bootstrap(host_set["master3"], PRIMARY, master=True, master_started=False)
     joined, left = blocks[1], blocks[2]
     # Pinged from the primary once a second through the whole join: no master the set ran
-    # and no minion restarts. Measured: one ping of 53 to 63 unanswered by one minion, about
-    # 15 s after master3 came up with the set's key, as the minions signed in to it.
+    # and no minion restarts, and no ping goes unanswered.
     record, stop = [], threading.Event()
     pinger = threading.Thread(target=_pings, args=(host_set["master1"], stop, record), daemon=True)
     pinger.start()
@@ -213,11 +223,12 @@ def test_the_add_and_remove_master_walk_through_runs_as_written(host_set):
         stop.set()
         pinger.join()
     print(f"\nadd_master into a reserved slot: {len(record)} pings, {record.count(False)} missed")
-    streaks = [len(list(run)) for answered, run in itertools.groupby(record) if not answered]
-    assert record and len(streaks) <= SIGN_IN_STREAKS, record
-    assert max(streaks, default=0) <= SIGN_IN_STREAK_LEN, record
+    assert record and record.count(False) == 0, record
     assert _minion_pids(host_set, configured) == pids
     assert _master_pids(host_set, ("master1", "master2")) == masters
+    # master3 listened first with the set's key: no minion ever met a key of its own there.
+    for name in ("master1", "master2", "minion1", "minion3"):
+        assert FOREIGN_KEY not in host_set[name].log("minion", tail=100_000), name
     # Not restarted, a minion signs in to master3 when Salt's reconnect comes round to it.
     everyone = ("master1", "master2", "master3", "minion1", "minion3")
     host_set.wait("every minion to answer master3", lambda: _answer_master3(host_set, everyone), 90)

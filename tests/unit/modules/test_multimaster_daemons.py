@@ -42,3 +42,21 @@ def test_restart_master_not_running(mod, daemons, tmp_path, defaults):
 def test_restart_master_takes_no_pidfile_argument(daemons):
     with pytest.raises(TypeError):
         daemons.restart_master(pidfile="/tmp/attacker.pid")
+
+
+def test_start_master_starts_this_master_and_says_when_it_does_not_listen(
+    mod, daemons, tmp_path, defaults, monkeypatch
+):
+    mod.__context__["multimaster.defaults"] = defaults
+    mod.__opts__["cachedir"] = str(tmp_path / "cache")
+    started = []
+    monkeypatch.setattr(
+        daemons.multimaster_daemon, "start_if_stopped", lambda *a: started.append(a) or "daemon"
+    )
+    monkeypatch.setattr(daemons.multimaster_daemon, "wait_port", lambda *a: True)
+    assert daemons.start_master() == {"started": True, "how": "daemon"}
+    # The pidfile and config dir come from this master's own pillar entry.
+    assert started[0][0] == str(tmp_path / "master.pid") and started[0][2] == "salt-master"
+    monkeypatch.setattr(daemons.multimaster_daemon, "wait_port", lambda *a: False)
+    with pytest.raises(daemons.CommandExecutionError, match="did not listen on .* after its start"):
+        daemons.start_master(timeout=1)

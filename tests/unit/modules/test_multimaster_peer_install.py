@@ -94,3 +94,28 @@ def test_a_used_transfer_is_refused_before_anything_stops(peer, calls, sender):
     with pytest.raises(peer.multimaster_transport.TransferError, match="replay"):
         peer.install_master_key(transfer)
     assert calls == []
+
+
+def test_a_master_not_running_gets_the_key_and_stays_stopped(peer, calls, sender, monkeypatch):
+    # A new master: add_master starts it later, so that it first listens with the set's key.
+    monkeypatch.setattr(
+        multimaster_daemon,
+        "stop_now",
+        lambda *a: calls.append("stop") or {"was_running": False, "service": None},
+    )
+    monkeypatch.setattr(
+        multimaster_masterkeyfiles, "install_master_key", lambda *a, **k: calls.append("store")
+    )
+    ret = peer.install_master_key(stage_json(sender, "cm2", {"envelope": "sealed"}))
+    assert calls == ["stop", "store"]
+    assert ret["changed"] is True and ret["served"] is None and ret["restarted"] is None
+    assert "not running" in ret["reason"]
+
+
+def test_a_stopped_master_holding_the_key_is_left_alone(peer, calls, sender, monkeypatch):
+    monkeypatch.setattr(multimaster_masterkeyfiles, "read_master_key", lambda *a, **k: "PUB")
+    monkeypatch.setattr(peer.multimaster_masterkey.multimaster_keys, "fingerprint", lambda p: "ab")
+    monkeypatch.setattr(multimaster_daemon, "running_since", lambda *a: None)
+    ret = peer.install_master_key(stage_json(sender, "cm2", {"envelope": "sealed"}))
+    assert calls == []
+    assert ret["changed"] is False and ret["served"] is None

@@ -342,6 +342,26 @@ def test_start_now_when_it_was_not_running(conf, no_exec):
     assert no_exec == [multimaster_daemon.daemon_command("salt-master", conf)]
 
 
+def test_start_if_stopped_starts_a_master_that_does_not_run(tmp_path, conf, no_exec):
+    how = multimaster_daemon.start_if_stopped(str(tmp_path / "none.pid"), "x", "salt-master", conf)
+    assert how == "daemon"
+    assert no_exec == [multimaster_daemon.daemon_command("salt-master", conf)]
+
+
+def test_start_if_stopped_leaves_a_running_master_alone(master, conf, no_exec):
+    proc, pidfile = master("-c", conf)
+    assert multimaster_daemon.start_if_stopped(pidfile, "x", "salt-master", conf) is None
+    assert no_exec == [] and proc.poll() is None
+
+
+def test_start_if_stopped_refuses_a_pidfile_naming_another_process(child, tmp_path, conf, no_exec):
+    proc = child()
+    pidfile = _pidfile(tmp_path, proc.pid)
+    with pytest.raises(CommandExecutionError, match=f"pid {proc.pid} is not salt-master"):
+        multimaster_daemon.start_if_stopped(pidfile, "x", "salt-master", conf)
+    assert no_exec == []
+
+
 # --- schedule_restart ------------------------------------------------------------------------
 
 

@@ -49,3 +49,32 @@ def test_a_hot_set_whose_signing_pass_fails_says_so_at_the_top(run, monkeypatch)
         "not delivered"
     )
     assert ret["signing_pair"]["comment"].endswith("master2 did not answer")
+
+
+def test_a_master_that_does_not_run_is_reported_not_signed_in_to(run, monkeypatch):
+    section = {
+        "ports": {"ret": 4506},
+        "masters": [
+            {"id": "m1", "host": "10.0.0.1"},
+            {"id": "m2", "host": "10.0.0.2"},
+            {"id": "m3", "host": "10.0.0.3"},
+        ],
+    }
+    plan = {"pub": "PUB", "info": {"m1": {"running": True}, "m2": {"running": True}}}
+    plan["info"]["m3"] = {"running": False}
+    asked = []
+
+    def call(run, section, masters, fun, kwarg, timeout):
+        asked.append(kwarg["host"])
+        return {masters[0]: {"served": True}}, {}
+
+    monkeypatch.setattr(multimaster_control, "call", call)
+    ret = {"masters": {}}
+    multimaster_masterkey.verify_all(run, section, ret, plan, False, 10)
+    assert asked == ["10.0.0.1", "10.0.0.2"]
+    assert ret["masters"]["m3"] == {
+        "result": True,
+        "served": None,
+        "reason": multimaster_masterkey.NOT_RUNNING,
+    }
+    assert ret["masters"]["m1"]["served"] is True and ret["masters"]["m1"]["verified_by"] == "m2"
