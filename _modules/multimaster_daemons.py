@@ -155,7 +155,7 @@ def start_master(service="salt-master", timeout=90):
     """
     Start this host's salt-master (the master whose control minion this is) unless it runs, and
     wait until it listens on its ret port: what ``multimaster.orch.add_master`` runs on a new
-    master once the set's key, roots, minion keys and runners are in place, so that it first
+    master once the set's key, its config, roots and runners are in place, so that it first
     listens serving the set's key. As its systemd unit where the host knows one, else
     ``salt-master -c <config dir> -d``.
 
