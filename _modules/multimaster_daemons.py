@@ -140,15 +140,22 @@ def restart_master_now(service="salt-master", timeout=90):
         salt master2 multimaster_daemons.restart_master_now
     """
     master = _this_master()
-    mopts = multimaster_keystore.master_opts(master["config_dir"])
     stopped = multimaster_daemon.stop_now(
         master["pidfile"], service, "salt-master", master["config_dir"]
     )
     multimaster_daemon.start_now(stopped, "salt-master", master["config_dir"])
+    _await_listening(master, timeout, "the restart")
+    return stopped["service"] or "daemon"
+
+
+def _await_listening(master, timeout, after):
+    """
+    Wait until ``master`` listens on its ret port; raise, naming ``after``, when it does not.
+    """
+    mopts = multimaster_keystore.master_opts(master["config_dir"])
     host = master["host"]
     if not multimaster_daemon.wait_port(host, int(mopts["ret_port"]), float(timeout)):
-        raise CommandExecutionError(f"salt-master did not listen on {host} after the restart")
-    return stopped["service"] or "daemon"
+        raise CommandExecutionError(f"salt-master did not listen on {host} after {after}")
 
 
 def start_master(service="salt-master", timeout=90):
@@ -172,13 +179,10 @@ def start_master(service="salt-master", timeout=90):
         salt master3 multimaster_daemons.start_master
     """
     master = _this_master()
-    mopts = multimaster_keystore.master_opts(master["config_dir"])
     how = multimaster_daemon.start_if_stopped(
         master["pidfile"], service, "salt-master", master["config_dir"]
     )
-    host = master["host"]
-    if not multimaster_daemon.wait_port(host, int(mopts["ret_port"]), float(timeout)):
-        raise CommandExecutionError(f"salt-master did not listen on {host} after its start")
+    _await_listening(master, timeout, "its start")
     return {"started": how is not None, "how": how}
 
 

@@ -204,17 +204,16 @@ def _pid_alive(pid):
         return False
 
 
-def systemd_service_of(pid, service):
+def _systemd_property(service, name):
     """
-    ``service`` when ``pid`` is that systemd unit's main process, or a child of it: a
-    salt-minion's pidfile names the minion process its keepalive parent (the unit's main
-    process) forks. Else None.
+    The value of the unit ``service``'s property ``name`` (``systemctl show``), or None where
+    this host runs no systemd or it cannot be read.
     """
     if not os.path.isdir("/run/systemd/system") or not shutil.which("systemctl"):
         return None
     try:
-        out = subprocess.run(
-            ["systemctl", "show", "-p", "MainPID", "--value", service],
+        return subprocess.run(
+            ["systemctl", "show", "-p", name, "--value", service],
             capture_output=True,
             text=True,
             timeout=10,
@@ -222,7 +221,16 @@ def systemd_service_of(pid, service):
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-    if not out.isdigit() or out == "0":
+
+
+def systemd_service_of(pid, service):
+    """
+    ``service`` when ``pid`` is that systemd unit's main process, or a child of it: a
+    salt-minion's pidfile names the minion process its keepalive parent (the unit's main
+    process) forks. Else None.
+    """
+    out = _systemd_property(service, "MainPID")
+    if not out or not out.isdigit() or out == "0":
         return None
     if out == str(pid):
         return service
@@ -236,19 +244,7 @@ def systemd_unit_known(service):
     """
     Whether this host runs systemd and knows the unit ``service`` (installed by a package).
     """
-    if not os.path.isdir("/run/systemd/system") or not shutil.which("systemctl"):
-        return False
-    try:
-        state = subprocess.run(
-            ["systemctl", "show", "-p", "LoadState", "--value", service],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return state == "loaded"
+    return _systemd_property(service, "LoadState") == "loaded"
 
 
 # --- what to run -----------------------------------------------------------------------------
