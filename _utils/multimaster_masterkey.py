@@ -53,10 +53,8 @@ def master_running(master, mopts):
     """
     Whether ``master``'s salt-master runs (its verified pidfile names a live salt-master).
     """
-    return (
-        multimaster_daemon.running_since(mopts["pidfile"], "salt-master", master["config_dir"])
-        is not None
-    )
+    pid = multimaster_daemon.verified_pid(mopts["pidfile"], "salt-master", master["config_dir"])
+    return pid is not None
 
 
 def verify_served(minion_opts, host, port, pub, sign_pub=None, timeout=60):
@@ -121,7 +119,7 @@ def install_master_key(minion_opts, master, section, transfer, pull, signing=Fal
     What ``multimaster_peer.install_master_key`` answers: the sealed pair pulled with ``pull``
     stored while the master is stopped (unless it already serves it), the master started
     again and checked by a sign-in. A master that was not running is left stopped: it serves
-    the pair from its first start (``served`` None).
+    the pair from its first start (``served`` None, ``running`` False).
     """
     mopts = multimaster_keystore.master_opts(master["config_dir"])
     host, port = master["host"], int(section["ports"]["ret"])
@@ -131,7 +129,7 @@ def install_master_key(minion_opts, master, section, transfer, pull, signing=Fal
     current = multimaster_masterkeyfiles.read_master_key(mopts, signing=signing)
     stored = current and multimaster_keys.fingerprint(current) == fp
     if stored and not master_running(master, mopts):
-        return dict(result, served=None, reason=NOT_RUNNING)
+        return dict(result, served=None, running=False, reason=NOT_RUNNING)
     if stored:
         served = served_args(mopts, pub, signing)
         ok, reason = verify_served(minion_opts, host, port, *served, timeout=10)
@@ -148,7 +146,7 @@ def install_master_key(minion_opts, master, section, transfer, pull, signing=Fal
         if stopped["was_running"]:
             multimaster_daemon.start_now(stopped, "salt-master", master["config_dir"])
     if not stopped["was_running"]:
-        return dict(result, changed=True, served=None, reason=NOT_RUNNING)
+        return dict(result, changed=True, served=None, running=False, reason=NOT_RUNNING)
     result.update(changed=True, restarted=stopped["service"] or "daemon")
     if not multimaster_daemon.wait_port(host, port, timeout):
         return dict(result, served=False, reason=f"master did not listen on {host}:{port}")
@@ -270,7 +268,7 @@ def _deliver(run, section, master, plan, signing, timeout):
     if error is not None:
         return {"result": False, "error": error}
     return {
-        "result": done.get("served") is True or done.get("reason") == NOT_RUNNING,
+        "result": done.get("served") is True or done.get("running") is False,
         "changed": done.get("changed"),
         "restarted": done.get("restarted"),
         "served": done.get("served"),

@@ -109,13 +109,13 @@ def test_a_master_not_running_gets_the_key_and_stays_stopped(peer, calls, sender
     ret = peer.install_master_key(stage_json(sender, "cm2", {"envelope": "sealed"}))
     assert calls == ["stop", "store"]
     assert ret["changed"] is True and ret["served"] is None and ret["restarted"] is None
-    assert "not running" in ret["reason"]
+    assert ret["running"] is False and "not running" in ret["reason"]
 
 
 def test_a_stopped_master_holding_the_key_is_left_alone(peer, calls, sender, monkeypatch):
     monkeypatch.setattr(multimaster_masterkeyfiles, "read_master_key", lambda *a, **k: "PUB")
     monkeypatch.setattr(peer.multimaster_masterkey.multimaster_keys, "fingerprint", lambda p: "ab")
-    monkeypatch.setattr(multimaster_daemon, "running_since", lambda *a: None)
+    monkeypatch.setattr(multimaster_daemon, "verified_pid", lambda *a: None)
     ret = peer.install_master_key(stage_json(sender, "cm2", {"envelope": "sealed"}))
     assert calls == []
-    assert ret["changed"] is False and ret["served"] is None
+    assert ret["changed"] is False and ret["served"] is None and ret["running"] is False
