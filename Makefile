@@ -48,14 +48,15 @@ down: venv
 	$(PY) lab/lab.py down
 
 # Unit and functional tests on every core, each file in one process (its module fixtures, such
-# as the job cache's PostgreSQL on a fixed port, exist once); then the daemon suites one at a
-# time (they share ports, and their timing bounds assume the machine to themselves: CI sets
-# BEFORE_DAEMONS to wait for what it builds in the background).
+# as the job cache's PostgreSQL on a fixed port, exist once); then the daemon suites on two
+# workers, each taking whole work units (tests/integration/conftest.py: the separate hosts, the
+# key modules, each other module): the hosts' unit is the longest, so a third worker would not
+# end the run sooner. CI sets BEFORE_DAEMONS to wait for what it builds in the background.
 BEFORE_DAEMONS ?= true
 test: venv
 	$(PY) -m pytest -n auto --dist loadfile tests/unit tests/functional
 	$(BEFORE_DAEMONS)
-	$(PY) -m pytest tests/integration
+	$(PY) -m pytest -n 2 tests/integration
 
 # The forged return rides Salt 3008's unchecked resource_id, which the other lines lack.
 COMPAT_SKIP := --deselect \

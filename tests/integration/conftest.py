@@ -21,6 +21,31 @@ from .harness import (
 )
 from .kit import DaemonSet
 
+# What ``make test`` hands out whole to one of its two pytest-xdist workers: the separate hosts
+# (they share one bridge and its addresses), the key modules (a package-scoped set, run in the
+# order their conftest gives), and every other module alone (its module-scoped daemons).
+WHOLE_PACKAGES = ("tests/integration/hosts/", "tests/integration/keys/")
+
+
+def work_unit(nodeid):
+    """The package in ``WHOLE_PACKAGES`` that holds test ``nodeid``, else its module's path."""
+    path = nodeid.split("::", 1)[0]
+    return next((package for package in WHOLE_PACKAGES if path.startswith(package)), path)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """
+    Under ``-n``: each worker gets whole ``work_unit`` s, in collection order, the next one as it
+    finishes the last (pytest-xdist's ``loadscope`` scheduling with these units as its scopes).
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return work_unit(nodeid)
+
+    return WorkUnitScheduling(config, log)
+
 
 @pytest.fixture(scope="session")
 def salt_factories_config(tmp_path_factory):
