@@ -28,8 +28,8 @@ if str(REPO_ROOT) not in sys.path:
 
 from toolkit import devkit  # noqa: E402
 
-# Added to every test module's ports, to run two suites side by side by hand (docs/development.md,
-# CI): they must not bind the same loopback ports.
+# Added to every test module's ports, to run two suites side by side (CI's Salt lines, or by
+# hand; docs/development.md): they must not bind the same loopback ports.
 PORT_OFFSET_VARIABLE = "MULTIMASTER_TEST_PORT_OFFSET"
 
 
