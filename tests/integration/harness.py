@@ -12,21 +12,17 @@ import os
 import pathlib
 import shutil
 import signal
-import sys
 import tempfile
 import time
 
 import psutil
 from pytestshellutils.exceptions import FactoryTimeout
 
+from toolkit import devkit
+
 log = logging.getLogger(__name__)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-# The dev toolkit shared with the lab and the bench (it re-exports the formula's pid helpers).
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from toolkit import devkit  # noqa: E402
 
 # Added to every test module's ports, to run two suites side by side (CI's Salt lines, or by
 # hand; docs/development.md): they must not bind the same loopback ports.

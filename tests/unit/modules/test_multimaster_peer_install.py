@@ -5,12 +5,11 @@ master down. The daemon and key store calls are recorded, not run; this host's m
 from the pillar and minion id that ``configure_loader_modules`` gives the module.
 """
 
+import multimaster_daemon
+import multimaster_masterkeyfiles
 import pytest
 
 from tests.support.transfers import master_serving, stage_json
-
-import multimaster_daemon  # noqa: E402  isort: skip
-import multimaster_masterkeyfiles  # noqa: E402  isort: skip
 
 MASTER = {"id": "m2", "host": "10.0.0.2", "config_dir": "/etc/salt", "minion_id": "cm2"}
 SECTION = {"ports": {"publish": 4505, "ret": 4506}, "masters": [MASTER]}

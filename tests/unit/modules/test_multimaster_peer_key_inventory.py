@@ -3,13 +3,12 @@
 master's store, which the key reactor on that master checks a delete event against.
 """
 
+import multimaster_daemon
+import multimaster_keys
 import pytest
 
 from tests.support.keyfactory import pub_pem, rsa_private
 from tests.support.loading import HOT_PAIR as SECTION
-
-import multimaster_daemon  # noqa: E402  isort: skip
-import multimaster_keys  # noqa: E402  isort: skip
 
 PEM = pub_pem(rsa_private(tag=5))
 
