@@ -9,6 +9,7 @@ keypair before it first starts. Every daemon is made, started and stopped throug
 """
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from .harness import (
     MASTER_HOSTS,
@@ -33,17 +34,18 @@ def work_unit(nodeid):
     return next((package for package in WHOLE_PACKAGES if path.startswith(package)), path)
 
 
+class WorkUnitScheduling(LoadScopeScheduling):
+    """
+    pytest-xdist's ``loadscope`` scheduling with ``work_unit`` s as its scopes: each worker
+    gets whole units, in collection order, the next one as it finishes the last.
+    """
+
+    def _split_scope(self, nodeid):
+        return work_unit(nodeid)
+
+
 def pytest_xdist_make_scheduler(config, log):
-    """
-    Under ``-n``: each worker gets whole ``work_unit`` s, in collection order, the next one as it
-    finishes the last (pytest-xdist's ``loadscope`` scheduling with these units as its scopes).
-    """
-    from xdist.scheduler import LoadScopeScheduling
-
-    class WorkUnitScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid):
-            return work_unit(nodeid)
-
+    """Under ``-n``: the workers take whole work units (``WorkUnitScheduling``)."""
     return WorkUnitScheduling(config, log)
 
 
