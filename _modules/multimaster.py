@@ -29,6 +29,7 @@ try:
     import multimaster_ids
     import multimaster_local
     import multimaster_pillarcheck
+    import multimaster_rotation
     import multimaster_safefs
     import multimaster_saltcompat
     import multimaster_settings
@@ -334,6 +335,30 @@ def forget_cluster_peer(peer, rotate_secret=False, test=False):
         multimaster_safefs.delete_file(peers_dir, f"{peer}.pub")
         log.info("multimaster: cluster peer key of %s deleted from %s", peer, peers_dir)
     return {"peer": peer, "deleted": held and not test, "held": held, "peers_dir": peers_dir}
+
+
+def take_master_key(pub, signature):
+    """
+    Cache ``pub`` as this minion's master key (``minion_master.pub``) when ``signature``
+    verifies with the ``master_sign.pub`` this minion trusts. ``rotate_master_key`` calls it on
+    every minion of a hot set before any master serves the new key, so that no sign-in meets a
+    key it did not encrypt its token to. Refused, changing nothing, where the minion does not
+    verify signed master keys or checks every publish with its cached key
+    (``sign_pub_messages``). Returns the key's fingerprint and whether the cache changed.
+
+    pub
+        The new master public key (PEM).
+
+    signature
+        The primary's signing pair's signature over it (base64).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' multimaster.take_master_key pub="$(cat master.pub)" signature=...
+    """
+    return multimaster_rotation.take_master_key(__opts__, pub, signature)
 
 
 def id_problems(ids):

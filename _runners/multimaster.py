@@ -395,9 +395,10 @@ def sync_master_key(test=False, masters=None, timeout=180):
 
 def rotate_master_key(generation=None, test=False, skip_unanswered=False, timeout=180):
     """
-    Give every master a new master key with no minion restarted (mode ``failover`` with
-    ``signing:enabled``: each master its own key, signed by the pair every minion trusts; mode
-    ``hot`` is refused, docs/rotation.md says why).
+    Give every master a new master key with no minion restarted, in a set that signs
+    (``signing:enabled``): mode ``failover`` gives each master its own new key, mode ``hot``
+    one new key to all, which every minion takes ahead (``multimaster.take_master_key``,
+    checked against the signing key it trusts) before any master serves it.
     Refused before any change when a minion does not verify signed keys or answers no master.
     The primary makes each pair and seals it to that master's control minion; each master is
     stopped for the swap and started again once, the primary last. Then every master's new key

@@ -1,14 +1,21 @@
 """
-The rotation plane: a new master key on every master of a set that signs, no minion touched.
+The rotation plane: a new master key on every master of a set that signs, no minion restarted.
 
 A minion with ``verify_master_pubkey_sign`` takes a *changed* master key when the master's
 signature over it verifies with the ``master_sign.pub`` it trusts (Salt's
-``verify_signing_master``). So a failover set whose masters share a signing pair
-(``signing:enabled``, a key per master) can change every master key: the primary makes a
-fresh pair for each master, seals it to that master's control minion (the master-key plane's
-envelope), and each master is stopped for the swap and started again once, the primary last,
-from this runner's own process. Every master's new key is then proven by a real,
-signature-verifying sign-in from another master's control minion, which was never restarted.
+``verify_signing_master``). So a set whose masters share a signing pair can change every
+master key: the primary makes a fresh pair for each master (mode failover) or one pair for all
+(mode hot), seals it to that master's control minion (the master-key plane's envelope), and
+each master is stopped for the swap and started again once, the primary last, from this
+runner's own process. Every master's new key is then proven by a real, signature-verifying
+sign-in from another master's control minion, which was never restarted.
+
+A hot minion keeps one cached master key for all its masters, and Salt checks a sign-in's
+token against the key cached when the answer comes, not when the token was encrypted: while
+its sign-ins run side by side (its connection and its job processes, after a master restarts),
+the first one that meets the new key changes the cache and the others fail. So in mode hot
+every minion takes the new key ahead (``take_master_key``, checked against the signing key it
+trusts) before any master serves it: every later sign-in encrypts its token to the new key.
 
 The peer side is ``minions_verifying``: which minions reached by a master verify signed keys.
 The runner side refuses before any change when a minion would be cut off (it does not verify,
@@ -16,6 +23,7 @@ or it answers no master) and keeps one record per rotation (``generation``: only
 fingerprints) in the primary's ``pki_dir``, so that a re-run resumes or is a no-op.
 """
 
+import base64
 import json
 import os
 
@@ -34,14 +42,18 @@ import salt.client
 import salt.key
 import salt.utils.atomicfile
 import salt.utils.files
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 RECORD = "multimaster_rotation.json"
+# Where a minion caches its master's public key (one file for all its masters).
+MINION_MASTER_PUB = "minion_master.pub"
 PREPARE = (
     "apply multimaster.minion to them with multimaster:signing:enabled in pillar (docs/rotation.md)"
 )
+PREPARE_ONE = PREPARE.replace(" to them ", " to it ")
 
 # --- peer side (run by a control minion) ---------------------------------------------------
 
@@ -82,6 +94,84 @@ def check_verifying(answer):
     return answer
 
 
+# --- minion side (every minion of a hot set) --------------------------------------------------
+
+
+def _signed_bytes(pub):
+    # The text the primary signs and a minion checks: the key without surrounding whitespace.
+    return pub.strip().encode()
+
+
+def sign_key(signing_pem, pub):
+    """
+    The signing pair's signature over ``pub`` (base64), as ``take_master_key`` checks it.
+    """
+    key = serialization.load_pem_private_key(signing_pem.encode(), None)
+    signature = key.sign(_signed_bytes(pub), padding.PKCS1v15(), hashes.SHA256())
+    return base64.b64encode(signature).decode()
+
+
+def _trusted_signing_key(minion_opts):
+    name = f"{minion_opts.get('master_sign_key_name') or 'master_sign'}.pub"
+    try:
+        with salt.utils.files.fopen(os.path.join(minion_opts["pki_dir"], name), "r") as handle:
+            return serialization.load_pem_public_key(handle.read().encode())
+    except (FileNotFoundError, ValueError):
+        raise CommandExecutionError(
+            f"no readable {name} in {minion_opts['pki_dir']}: this minion trusts no signing "
+            f"key; {PREPARE_ONE}"
+        ) from None
+
+
+def _check_signed(minion_opts, pub, signature):
+    try:
+        raw = base64.b64decode(str(signature), validate=True)
+        _trusted_signing_key(minion_opts).verify(
+            raw, _signed_bytes(pub), padding.PKCS1v15(), hashes.SHA256()
+        )
+    except (InvalidSignature, ValueError):
+        raise CommandExecutionError(
+            "the key is not signed by the signing pair this minion trusts: nothing changed"
+        ) from None
+
+
+def take_master_key(minion_opts, pub, signature):
+    """
+    What ``multimaster.take_master_key`` answers: ``pub`` stored as this minion's cached master
+    key when ``signature`` verifies with the signing key it trusts; ``{"fingerprint",
+    "changed"}``. Refused, changing nothing, on a minion that does not verify signed keys, or
+    that checks every publish with its cached key (``sign_pub_messages``: the masters not yet
+    rotated would be refused).
+    """
+    if not minion_opts.get("verify_master_pubkey_sign"):
+        raise CommandExecutionError(
+            "this minion does not verify signed master keys (verify_master_pubkey_sign); "
+            + PREPARE_ONE
+        )
+    if minion_opts.get("sign_pub_messages"):
+        raise CommandExecutionError(
+            "this minion checks every publish with its cached master key (sign_pub_messages): "
+            "it takes the new key at its next sign-in instead"
+        )
+    try:
+        pub = multimaster_keys.canonical(pub, "pub")
+    except multimaster_keys.InvalidKeyError as exc:
+        raise CommandExecutionError(str(exc)) from None
+    _check_signed(minion_opts, pub, signature)
+    path = os.path.join(minion_opts["pki_dir"], MINION_MASTER_PUB)
+    fp = multimaster_keys.fingerprint(pub)
+    try:
+        with salt.utils.files.fopen(path, "r") as handle:
+            if multimaster_keys.fingerprint(handle.read()) == fp:
+                return {"fingerprint": fp, "changed": False}
+    except FileNotFoundError:
+        pass
+    # atomic_open keeps the mode of the file it replaces: a sign-in never reads half a key.
+    with salt.utils.atomicfile.atomic_open(path, "w") as handle:
+        handle.write(pub)
+    return {"fingerprint": fp, "changed": True}
+
+
 # --- runner side -----------------------------------------------------------------------------
 
 
@@ -101,15 +191,6 @@ def unrotatable(section):
             "the masters do not share a signing pair, so every minion would refuse a new "
             "master key: set multimaster:signing with mode failover, apply multimaster.master, "
             "run sync_master_key, apply multimaster.minion (docs/rotation.md)"
-        )
-    if not multimaster_masterkey.uses_signing(section):
-        # Measured: a hot minion's sign-in to a master not yet rotated, with the new key
-        # cached, fails ("The master failed to decrypt the random minion token"), and the
-        # minion restarts its connections.
-        return (
-            "mode hot: a hot minion caches one master key for all its masters, so while the "
-            "masters hold different keys its sign-in to the ones not yet changed fails; "
-            "rotation is for mode failover, where each master has its own key (docs/rotation.md)"
         )
     return None
 
@@ -246,7 +327,8 @@ def check_minions(run, section, skip_unanswered, timeout):
 def planned(section, plan, record):
     """
     The masters whose stored key is not yet the one this generation gave them, in the order
-    they rotate: the peers, then the primary (its restart ends this runner's publishes).
+    they rotate: the peers, then the primary (its restart ends this runner's publishes). In
+    mode hot, every master when one is.
     """
     order = multimaster_control.ids(section)
     stale = []
@@ -254,13 +336,17 @@ def planned(section, plan, record):
         own = plan["info"][master].get("own_pub") or ""
         if multimaster_keys.fingerprint(own) != record["masters"].get(master):
             stale.append(master)
+    if stale and not multimaster_masterkey.uses_signing(section):
+        # Mode hot shares one key: a run that stopped half-way gives every master a new one.
+        return order[1:] + order[:1]
     return stale
 
 
-def deliver_to_peer(run, section, master, plan, held, pair, timeout):
+def deliver_to_peer(run, section, master, plan, held, pair, timeout, signer):
     """
-    Seal ``pair`` to the control minion of peer ``master``, which stops its master, stores the
-    pair, starts it again and proves it by a sign-in. Returns the master's report.
+    Seal ``pair`` to the control minion of peer ``master``, signed with ``signer`` (the master
+    key that control minion caches), which stops its master, stores the pair, starts it again
+    and proves it by a sign-in. Returns the master's report.
     """
     entry = multimaster_control.by_id(section)[master]
     problem = multimaster_masterkey.recipient_problem(run, entry, held)
@@ -273,7 +359,7 @@ def deliver_to_peer(run, section, master, plan, held, pair, timeout):
         "master_key",
         entry["minion_id"],
         multimaster_control.primary_key_entry(run, entry["minion_id"])[1],
-        multimaster_control.signer_key(run),
+        signer,
         multimaster_control.bound(
             multimaster_control.binding(plan["info"][master], master, section), fp=fp
         ),
@@ -312,24 +398,82 @@ def install_here(run, section, pair, timeout):
     return {"result": True, "restarted": stopped["service"] or "daemon"}
 
 
-def rotate(run, section, plan, record, stale, timeout):
+def take_ahead(run, pub, timeout):
     """
-    A fresh pair for each master of ``stale``, its fingerprint recorded before it is sent;
-    returns ``{master: report}``.
+    Mode hot: every minion that answers this master caches ``pub`` before any master serves
+    it, checking the primary's signature; returns the ids that took it. One that did not takes
+    it at its next sign-in, as Salt does, where a sign-in running beside it can fail once.
+    """
+    signing = multimaster_keystore.master_opts(os.path.dirname(run.opts["conf_file"]))
+    signing_pem = multimaster_masterkeyfiles.read_master_key(signing, signing=True, private=True)
+    kwarg = {"pub": pub, "signature": sign_key(signing_pem, pub)}
+    del signing_pem
+    with salt.client.get_local_client(run.opts["conf_file"]) as client:
+        returns = client.cmd(
+            "*",
+            "multimaster.take_master_key",
+            kwarg=kwarg,
+            timeout=int(timeout),
+            full_return=True,
+            gather_job_timeout=multimaster_returns.QUICK_FIND_JOB,
+        )
+    fp = multimaster_keys.fingerprint(pub)
+    return {
+        minion
+        for minion, ret in (returns or {}).items()
+        if isinstance(ret, dict)
+        and isinstance(ret.get("ret"), dict)
+        and ret["ret"].get("fingerprint") == fp
+    }
+
+
+def shared_pair(run, section, record, stale, timeout):
+    """
+    Mode hot: ``(pair, taken)``, one fresh pair for every master of ``stale``, recorded, and
+    the minions that took it ahead (``take_ahead``). Mode failover: ``(None, set())``.
+    """
+    if multimaster_masterkey.uses_signing(section):
+        return None, set()
+    pair = new_pair(run.opts.get("keysize", 2048))
+    for master in stale:
+        record["masters"][master] = multimaster_keys.fingerprint(pair[1])
+    write_record(run.opts, record)
+    run.progress("every minion: taking the new master key ahead")
+    return pair, take_ahead(run, pair[1], min(int(timeout), 60))
+
+
+def ahead_report(run, taken):
+    """
+    ``{"taken": count, "not_taken": [accepted ids]}`` of the minions that took the key ahead.
+    """
+    accepted = salt.key.get_key(run.opts).list_status("acc").get("minions", [])
+    return {"taken": len(taken), "not_taken": sorted(set(accepted) - set(taken))}
+
+
+def rotate(run, section, plan, record, stale, timeout, shared=None, taken=()):
+    """
+    A fresh pair for each master of ``stale`` (``shared``, the one pair of a hot set, for
+    every one), its fingerprint recorded before it is sent; returns ``{master: report}``.
+    A control minion in ``taken`` caches the new key already, so its envelope is signed with
+    it: the key it checks envelopes with is the one it caches.
     """
     primary = multimaster_control.ids(section)[0]
     control = [m["minion_id"] for m in section["masters"]]
     held = multimaster_keysync.inventories(run, section, 60, ids=control)["inventories"]
     reports = {}
     for master in stale:
-        pair = new_pair(run.opts.get("keysize", 2048))
+        pair = shared or new_pair(run.opts.get("keysize", 2048))
         record["masters"][master] = multimaster_keys.fingerprint(pair[1])
         write_record(run.opts, record)
         run.progress(f"{master}: installing a new master key, restarting, verifying")
         if master == primary:
             reports[master] = install_here(run, section, pair, timeout)
         else:
-            reports[master] = deliver_to_peer(run, section, master, plan, held, pair, timeout)
+            ahead = multimaster_control.by_id(section)[master]["minion_id"] in taken
+            signer = pair[0] if ahead else multimaster_control.signer_key(run)
+            reports[master] = deliver_to_peer(
+                run, section, master, plan, held, pair, timeout, signer
+            )
         del pair
         if reports[master]["result"] is False:
             break
@@ -383,7 +527,8 @@ def merged(ret, checked):
     """
     for master, report in checked.items():
         entry = ret["masters"].setdefault(master, {"result": True})
-        entry.update({k: v for k, v in report.items() if k != "result"})
+        # The rotation's own error says more than the check after it: keep it.
+        entry.update({k: v for k, v in report.items() if k not in ("result", *entry)})
         if report.get("result") is False:
             entry["result"] = False
 
@@ -402,7 +547,11 @@ def rotate_master_key(run, generation=None, test=False, skip_unanswered=False, t
         ret["comment"] = f"would give {', '.join(stale)} a new key" if stale else "nothing to do"
         return multimaster_control.finish(run, ret, False)
     if stale:
-        ret["masters"] = rotate(run, section, plan, record, stale, timeout)
+        shared, taken = shared_pair(run, section, record, stale, timeout)
+        if shared:
+            ret["ahead"] = ahead_report(run, taken)
+        ret["masters"] = rotate(run, section, plan, record, stale, timeout, shared, taken)
+        del shared
     if stale and stale[-1] in ret["masters"]:
         ret["settled"] = multimaster_settle.wait_masters(run, timeout=timeout)
     merged(ret, verified(run, section, record, plan, timeout))

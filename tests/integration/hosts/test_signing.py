@@ -10,6 +10,9 @@ bootstrapped with signing (docs/topologies.md). master1 signs from its first sta
 signing pair made by ``salt-key --gen-keys``; every minion starts verifying, with that
 ``master_sign.pub``. master2 starts plain: ``multimaster.master`` makes it sign, with a signing
 pair of its own until ``sync_master_key`` replaces it.
+
+Then ``rotate_master_key`` gives each master a new key of its own, and, the set made hot, one
+new shared key that every minion takes ahead.
 """
 
 import itertools
@@ -261,6 +264,7 @@ class Pinger:
     def __init__(self, masters, minion):
         self.masters, self.minion = masters, minion
         self.answered, self.ticks = [], []
+        self.answered_by = {master.name: [] for master in masters}
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._ping, args=(m,)) for m in masters]
 
@@ -269,6 +273,7 @@ class Pinger:
             began = time.monotonic()
             if answers(master, self.minion, timeout=2):
                 self.answered.append(began)
+                self.answered_by[master.name].append(began)
             self.ticks.append(began)
             self.stop.wait(max(0.0, 1.0 - (time.monotonic() - began)))
 
@@ -282,11 +287,12 @@ class Pinger:
         for thread in self.threads:
             thread.join()
 
-    def longest_outage(self):
+    def longest_outage(self, master=None):
         """
-        The longest time, in seconds, between two answers from any master.
+        The longest time, in seconds, between two answers from any master (or from ``master``,
+        by name).
         """
-        times = sorted(self.answered)
+        times = sorted(self.answered if master is None else self.answered_by[master])
         return max((b - a for a, b in itertools.pairwise(times)), default=float("inf"))
 
 
@@ -409,12 +415,16 @@ def test_rotation_gives_every_master_a_new_key_and_no_minion_restarts(signing_se
     assert {m.name: master_files(m) for m in masters} == after
 
 
-def test_a_hot_set_signs_its_shared_key_and_refuses_a_rotation(signing_set):
+# Pings one master missed while a hot set rotates: that master's own restart (stop, start,
+# listen: 3-6 s here) plus the minion's reconnect (ZeroMQ backs off up to recon_max, 10 s) and
+# the ping's CLI start. Measured: docs/rotation.md.
+HOT_OUTAGE_BOUND = 25
+
+
+def hot_set(signing_set):
     """
-    The set becomes hot, still signing: ``sync_master_key`` gives master2 master1's key, and
-    minion1 becomes a hot minion that verifies it, answering both masters. A rotation is refused
-    in mode hot, naming why, and changes nothing: a hot minion caches one master key for all its
-    masters, and its sign-in to a master not yet rotated failed in the measured runs.
+    The set made hot, still signing: ``sync_master_key`` gives master2 master1's key, and
+    minion1, made a hot minion that verifies it by ``multimaster.minion``, answers both masters.
     """
     master1, master2 = signing_set["master1"], signing_set["master2"]
     minion1 = signing_set["minion1"]
@@ -447,6 +457,66 @@ def test_a_hot_set_signs_its_shared_key_and_refuses_a_rotation(signing_set):
     )
     conf = yaml.safe_load(minion1.path("/etc/salt/minion.d/multimaster.conf").read_text())
     assert conf["verify_master_pubkey_sign"] is True and conf["master_type"] == "str", conf
+    return keys
+
+
+def test_a_hot_set_rotates_its_shared_key_with_no_minion_restarted(signing_set, record_property):
+    """
+    ``rotate_master_key`` in mode hot: every minion takes the new key ahead, checked against
+    the signing key it trusts, then master2 and master1 get that one key, each restarted once.
+    minion1, pinged once a second from each master, misses a master's pings only while that
+    master restarts, and is never restarted. The old private key is in no file on any host;
+    a re-run is a no-op.
+    """
+    master1, master2 = signing_set["master1"], signing_set["master2"]
+    minion1 = signing_set["minion1"]
+    masters = (master1, master2)
+    before = hot_set(signing_set)
+    code, data = run_json(master1, "salt-run multimaster.rotate_master_key generation=2 test=True")
+    assert code == 0 and data["rotated"] == ["master2", "master1"], data
+    assert {m.name: master_files(m) for m in masters} == before
+
+    pid = minion_pid(minion1)
+    started = time.monotonic()
+    with Pinger(masters, "minion1") as pinger:
+        code, data = run_json(master1, "salt-run multimaster.rotate_master_key generation=2")
+        signing_set.wait(
+            "minion1 to answer both masters after the rotation",
+            lambda: all(
+                times and times[-1] > time.monotonic() - 3 for times in pinger.answered_by.values()
+            ),
+            60,
+            1,
+        )
+    took = time.monotonic() - started
+    assert code == 0, data
+    assert data["rotated"] == ["master2", "master1"], data
+    assert all(r["result"] is True for r in data["masters"].values()), data
+    # The three minions (minion1 and both control minions) took the key before any master
+    # served it.
+    assert data["ahead"] == {"taken": 3, "not_taken": []}, data
+    after = {m.name: master_files(m) for m in masters}
+    assert after["master1"]["master.pub"] == after["master2"]["master.pub"]
+    assert after["master1"]["master.pub"] != before["master1"]["master.pub"]
+    assert after["master1"]["master_sign.pub"] == before["master1"]["master_sign.pub"]
+    assert minion_pid(minion1) == pid, "minion1 was restarted"
+    cached = minion1.path(f"{MINION_PKI}/minion_master.pub").read_text().strip()
+    assert cached == after["master1"]["master.pub"].strip(), "minion1 kept the old key"
+    outages = {m.name: pinger.longest_outage(m.name) for m in masters}
+    for name, outage in outages.items():
+        record_property(f"hot_rotation_longest_outage_{name}_seconds", round(outage, 1))
+    print(
+        f"\nhot rotation of 2 masters: {took:.0f}s; minion1 answered "
+        f"{len(pinger.answered_by['master1'])} + {len(pinger.answered_by['master2'])} of "
+        f"{len(pinger.ticks)} pings (master1 + master2); longest time without an answer from "
+        + ", ".join(f"{name} {outage:.1f}s" for name, outage in outages.items())
+    )
+    assert max(outages.values()) <= HOT_OUTAGE_BOUND, outages
+    body = pem_body(before["master1"]["master.pem"])
+    for host in signing_set:
+        assert not files_holding(host, body), f"the old key left on {host.name}"
+
     code, data = run_json(master1, "salt-run multimaster.rotate_master_key generation=2")
-    assert code != 0 and data["comment"].startswith("Refused, nothing changed: mode hot"), data
-    assert {m.name: master_files(m) for m in (master1, master2)} == keys
+    assert code == 0 and data["rotated"] == [], data
+    assert "nothing changed" in data["comment"], data
+    assert {m.name: master_files(m) for m in masters} == after

@@ -11,6 +11,7 @@ import multimaster_masterkey
 import multimaster_rotation
 import pytest
 from cryptography.hazmat.primitives import serialization
+from salt.exceptions import CommandExecutionError
 
 SIGNING = {"mode": "failover", "signing": {"enabled": True}}
 
@@ -82,6 +83,90 @@ def test_peers_rotate_before_the_primary_and_rotated_masters_are_skipped():
     assert multimaster_rotation.planned(section, plan, record) == ["m3", "m1"]
 
 
+def test_a_hot_set_that_stopped_half_way_gives_every_master_a_new_key():
+    section = {"mode": "hot", "masters": [{"id": "m1"}, {"id": "m2"}, {"id": "m3"}]}
+    pub = multimaster_rotation.new_pair(2048)[1]
+    plan = {"info": {m: {"own_pub": pub} for m in ("m1", "m2", "m3")}}
+    done = dict.fromkeys(("m1", "m2", "m3"), multimaster_keys.fingerprint(pub))
+    assert multimaster_rotation.planned(section, plan, {"masters": done}) == []
+    half = {**done, "m1": "another"}
+    assert multimaster_rotation.planned(section, plan, {"masters": half}) == ["m2", "m3", "m1"]
+
+
+@pytest.fixture
+def minion(tmp_path):
+    """
+    A minion's opts that verify signed keys, its pki dir trusting a fresh signing pair;
+    ``(opts, signing private PEM)``.
+    """
+    signing_pem, signing_pub = multimaster_rotation.new_pair(2048)
+    (tmp_path / "master_sign.pub").write_text(signing_pub)
+    (tmp_path / "minion_master.pub").write_text(multimaster_rotation.new_pair(2048)[1])
+    (tmp_path / "minion_master.pub").chmod(0o644)
+    opts = {"pki_dir": str(tmp_path), "verify_master_pubkey_sign": True}
+    return opts, signing_pem
+
+
+def _cached(opts):
+    with open(os.path.join(opts["pki_dir"], "minion_master.pub")) as handle:
+        return handle.read()
+
+
+def test_a_minion_takes_a_key_signed_by_the_pair_it_trusts(minion):
+    opts, signing_pem = minion
+    pub = multimaster_rotation.new_pair(2048)[1]
+    signature = multimaster_rotation.sign_key(signing_pem, pub)
+    taken = multimaster_rotation.take_master_key(opts, pub, signature)
+    assert taken == {"fingerprint": multimaster_keys.fingerprint(pub), "changed": True}
+    assert _cached(opts) == pub
+    assert os.stat(os.path.join(opts["pki_dir"], "minion_master.pub")).st_mode & 0o777 == 0o644
+    assert multimaster_rotation.take_master_key(opts, pub, signature)["changed"] is False
+
+
+def test_a_minion_refuses_a_key_another_pair_signed(minion):
+    opts, _ = minion
+    before = _cached(opts)
+    pub = multimaster_rotation.new_pair(2048)[1]
+    forged = multimaster_rotation.sign_key(multimaster_rotation.new_pair(2048)[0], pub)
+    for signature in (forged, "not base64!", ""):
+        with pytest.raises(CommandExecutionError, match="not signed by the signing pair"):
+            multimaster_rotation.take_master_key(opts, pub, signature)
+    assert _cached(opts) == before
+
+
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ({"verify_master_pubkey_sign": False}, "does not verify signed master keys"),
+        ({"sign_pub_messages": True}, "sign_pub_messages"),
+    ],
+)
+def test_a_minion_that_cannot_take_a_key_ahead_changes_nothing(minion, setting, says):
+    opts, signing_pem = minion
+    before = _cached(opts)
+    pub = multimaster_rotation.new_pair(2048)[1]
+    signature = multimaster_rotation.sign_key(signing_pem, pub)
+    with pytest.raises(CommandExecutionError, match=says):
+        multimaster_rotation.take_master_key({**opts, **setting}, pub, signature)
+    assert _cached(opts) == before
+
+
+def test_a_minion_that_trusts_no_signing_key_says_so(minion):
+    opts, signing_pem = minion
+    os.unlink(os.path.join(opts["pki_dir"], "master_sign.pub"))
+    pub = multimaster_rotation.new_pair(2048)[1]
+    with pytest.raises(CommandExecutionError, match="no readable master_sign.pub"):
+        multimaster_rotation.take_master_key(
+            opts, pub, multimaster_rotation.sign_key(signing_pem, pub)
+        )
+
+
+def test_a_minion_refuses_what_is_not_a_public_key_by_name(minion):
+    opts, signing_pem = minion
+    with pytest.raises(CommandExecutionError, match="pub: not exactly one"):
+        multimaster_rotation.take_master_key(opts, "junk", "")
+
+
 def _answers(**minions):
     return {"m1": {"minions": minions}}
 
@@ -116,10 +201,9 @@ def test_a_malformed_readiness_answer_is_refused(answer):
         multimaster_rotation.check_verifying(answer)
 
 
-def test_only_a_failover_set_that_signs_can_rotate():
+def test_only_a_hot_or_failover_set_that_signs_can_rotate():
     assert multimaster_rotation.unrotatable(SIGNING) is None
-    hot = multimaster_rotation.unrotatable({"mode": "hot", "signing": {"enabled": True}})
-    assert hot.startswith("mode hot:") and "mode failover" in hot
+    assert multimaster_rotation.unrotatable({"mode": "hot", "signing": {"enabled": True}}) is None
     for mode in ("hot", "failover", "cluster"):
         section = {"mode": mode, "signing": {"enabled": mode == "cluster"}}
         assert "do not share a signing pair" in multimaster_rotation.unrotatable(section)
