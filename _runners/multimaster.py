@@ -28,6 +28,7 @@ try:
     import multimaster_rootsync
     import multimaster_rotation
     import multimaster_settle
+    import multimaster_signing
     import multimaster_status
 
     HAS_UTILS = True
@@ -390,6 +391,41 @@ def sync_master_key(test=False, masters=None, timeout=180):
     """
     return multimaster_masterkey.sync_master_key(
         _run(), test=test, masters=masters, timeout=timeout
+    )
+
+
+def enable_signing(test=False, skip_unanswered=False, timeout=180):
+    """
+    Turn signing on in a running hot set whose pillar now says
+    ``signing: {enabled: true, public_key: ...}`` (the pair made on this master, the primary),
+    each daemon restarted once: the peers get the primary's signing pair, sealed, while no
+    master signs; every master's config is written to sign; every minion applies
+    ``multimaster.minion`` (it verifies signed keys and restarts once, then is refused by every
+    master for a few seconds); the primary restarts, from this runner's process, and signs;
+    then the peers. Ends with every master and minion waited for and every master's signed key
+    proven by a sign-in (``sync_master_key``). Refused before any change when pillar does not
+    match this master's signing pair, or a master or accepted minion does not answer, and in
+    modes failover and cluster. Safe to run again: what is done is not redone.
+
+    test
+        Return what would be done; change nothing.
+
+    skip_unanswered
+        Go ahead although accepted minions answer no master: apply ``multimaster.minion`` to
+        each by hand before it starts again, or every master refuses it.
+
+    timeout
+        Seconds to wait for each step's jobs and restarts.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.enable_signing test=True
+        salt-run multimaster.enable_signing
+    """
+    return multimaster_signing.enable_signing(
+        _run(), test=test, skip_unanswered=skip_unanswered, timeout=timeout
     )
 
 

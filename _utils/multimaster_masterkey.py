@@ -82,10 +82,12 @@ def served_report(minion_opts, host, port, pub, sign_pub=None, timeout=60):
 def served_args(mopts, pub, signing):
     """
     ``(pub, sign_pub)`` a sign-in must prove: the master's own key, and where the master signs
-    (the signing pair delivered, or a master key of a set that signs) its signature too.
+    (the signing pair delivered, or a master key of a set that signs) its signature too. A
+    signing pair delivered before its master signs (``enable_signing``) is proven once it does.
     """
     if signing:
-        return multimaster_masterkeyfiles.read_master_key(mopts), pub
+        own = multimaster_masterkeyfiles.read_master_key(mopts)
+        return own, pub if mopts.get("master_sign_pubkey") else None
     if mopts.get("master_sign_pubkey"):
         return pub, multimaster_masterkeyfiles.read_master_key(mopts, signing=True)
     return pub, None
@@ -393,7 +395,7 @@ def _sync_pair(run, section, signing, test, timeout):
     if test:
         _plan_stale(run, section, ret, plan)
         return ret, bool(errors)
-    _deliver_stale(run, section, ret, plan, signing, timeout)
+    deliver_stale(run, section, ret, plan, signing, timeout)
     verify_all(run, section, ret, plan, signing, timeout)
     return ret, any(r.get("result") is False for r in ret["masters"].values())
 
@@ -416,7 +418,7 @@ def _plan_stale(run, section, ret, plan):
         }
 
 
-def _deliver_stale(run, section, ret, plan, signing, timeout):
+def deliver_stale(run, section, ret, plan, signing, timeout):
     """
     Accept the control minions everywhere (a sign-in needs it), re-check each recipient, and
     deliver to every master whose stored key is not the intended one.

@@ -373,11 +373,11 @@ def deliver_to_peer(run, section, master, plan, held, pair, timeout, signer):
     return {"result": bool(done.get("served")), "restarted": done.get("restarted")}
 
 
-def install_here(run, section, pair, timeout):
+def restart_here(run, section, timeout, while_stopped=None):
     """
-    Install ``pair`` on this master (the primary): stop it, store the pair, start it the way it
-    ran, wait for its port. This runner's own process does it: the restart would lose the
-    return of a control minion's job.
+    Restart this master (the primary) the way it ran, calling ``while_stopped(mopts)`` while
+    it is stopped, and wait for its port. This runner's own process does it: the restart would
+    lose the return of a control minion's job.
     """
     config_dir = os.path.dirname(run.opts["conf_file"])
     mopts = multimaster_keystore.master_opts(config_dir)
@@ -387,7 +387,8 @@ def install_here(run, section, pair, timeout):
             mopts["pidfile"], multimaster_masterkey.service(section), "salt-master", config_dir
         )
         try:
-            multimaster_masterkeyfiles.install_master_key(mopts, *pair)
+            if while_stopped is not None:
+                while_stopped(mopts)
         finally:
             multimaster_daemon.start_now(stopped, "salt-master", config_dir)
     except CommandExecutionError as exc:
@@ -396,6 +397,18 @@ def install_here(run, section, pair, timeout):
     if not multimaster_daemon.wait_port(entry["host"], port, timeout):
         return {"result": False, "error": f"this master did not listen on port {port}"}
     return {"result": True, "restarted": stopped["service"] or "daemon"}
+
+
+def install_here(run, section, pair, timeout):
+    """
+    Install ``pair`` on this master (the primary) while it is stopped (``restart_here``).
+    """
+    return restart_here(
+        run,
+        section,
+        timeout,
+        lambda mopts: multimaster_masterkeyfiles.install_master_key(mopts, *pair),
+    )
 
 
 def take_ahead(run, pub, timeout):

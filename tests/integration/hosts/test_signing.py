@@ -15,16 +15,13 @@ Then ``rotate_master_key`` gives each master a new key of its own, and, the set 
 new shared key that every minion takes ahead.
 """
 
-import itertools
 import json
-import os
-import pathlib
-import threading
 import time
 
 import pytest
 import yaml
 
+from tests.support.hostwatch import Pinger, answers, minion_pid, read, run_json
 from toolkit import hosts as nshosts
 
 HOSTS = {
@@ -79,26 +76,6 @@ def _pillar(public_key):
     return yaml.safe_dump({"multimaster": section}, default_flow_style=False)
 
 
-def read(host, inside):
-    """
-    The text of ``inside`` on ``host``; a link is followed on that host (Salt 3008 links
-    ``master.pem``/``.pub`` to ``<id>.pem``/``.pub`` by absolute path).
-    """
-    path = host.path(inside)
-    while path.is_symlink():
-        inside = str(pathlib.PurePosixPath(inside).parent / os.readlink(path))
-        path = host.path(inside)
-    return path.read_text()
-
-
-def minion_pid(host):
-    """
-    The pid in the salt-minion's pidfile on ``host``, or None while there is none.
-    """
-    path = host.path("/run/salt-minion.pid")
-    return path.read_text().strip() if path.is_file() else None
-
-
 def master_files(host):
     """
     ``{file name: PEM}`` of the master keypair and the signing pair on a master host.
@@ -113,14 +90,6 @@ def verified_from(host, address, since=0):
     """
     text = host.path("/var/log/salt/minion").read_text(errors="replace")[since:]
     return [line for line in text.splitlines() if VERIFIED in line and address in line]
-
-
-def answers(master, minion, timeout=3):
-    """
-    Whether ``minion`` answers ``test.ping`` on ``master`` within ``timeout`` seconds (one
-    not on that master costs a short find_job round: ``toolkit.hosts.answering``).
-    """
-    return minion in nshosts.answering(master, [minion], timeout)
 
 
 def master2_config_file(host_set):
@@ -241,59 +210,6 @@ def test_failover_minion_verifies_each_master_and_moves_to_master2(signing_set, 
         f"4 x alive_interval = {SALT_BOUND}s)"
     )
     assert answered <= FAILOVER_BOUND
-
-
-def run_json(master, command, timeout=900):
-    """
-    ``(returncode, report)`` of a ``salt-run ... --out=json`` on ``master`` (the report is the
-    last JSON document printed: progress events come before it).
-    """
-    ret = master.sh(f"{command} --out=json", check=False, timeout=timeout)
-    text = "\n" + ret.stdout
-    assert "\n{" in text, ret.stdout + ret.stderr
-    return ret.returncode, json.loads(text[text.rindex("\n{") :])
-
-
-class Pinger:
-    """
-    Pings ``minion`` once a second from each master, in one thread per master: a failover
-    minion answers the one master it is connected to. ``outages()`` are the runs of seconds no
-    master got an answer.
-    """
-
-    def __init__(self, masters, minion):
-        self.masters, self.minion = masters, minion
-        self.answered, self.ticks = [], []
-        self.answered_by = {master.name: [] for master in masters}
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._ping, args=(m,)) for m in masters]
-
-    def _ping(self, master):
-        while not self.stop.is_set():
-            began = time.monotonic()
-            if answers(master, self.minion, timeout=2):
-                self.answered.append(began)
-                self.answered_by[master.name].append(began)
-            self.ticks.append(began)
-            self.stop.wait(max(0.0, 1.0 - (time.monotonic() - began)))
-
-    def __enter__(self):
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_):
-        self.stop.set()
-        for thread in self.threads:
-            thread.join()
-
-    def longest_outage(self, master=None):
-        """
-        The longest time, in seconds, between two answers from any master (or from ``master``,
-        by name).
-        """
-        times = sorted(self.answered if master is None else self.answered_by[master])
-        return max((b - a for a, b in itertools.pairwise(times)), default=float("inf"))
 
 
 def pem_body(pem):

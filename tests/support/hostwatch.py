@@ -1,0 +1,127 @@
+"""
+Watching separate hosts (``toolkit/hosts.py``) while a runner works: a minion's answers to
+pings from each master, the salt-minion pids, a runner's JSON report, a file as the host sees
+it.
+"""
+
+import itertools
+import json
+import os
+import pathlib
+import threading
+import time
+
+from toolkit import hosts as nshosts
+
+
+def read(host, inside):
+    """
+    The text of ``inside`` on ``host``; a link is followed on that host (Salt 3008 links
+    ``master.pem``/``.pub`` to ``<id>.pem``/``.pub`` by absolute path).
+    """
+    path = host.path(inside)
+    while path.is_symlink():
+        inside = str(pathlib.PurePosixPath(inside).parent / os.readlink(path))
+        path = host.path(inside)
+    return path.read_text()
+
+
+def minion_pid(host):
+    """
+    The pid in the salt-minion's pidfile on ``host``, or None while there is none.
+    """
+    path = host.path("/run/salt-minion.pid")
+    return path.read_text().strip() if path.is_file() else None
+
+
+def answers(master, minion, timeout=3):
+    """
+    Whether ``minion`` answers ``test.ping`` on ``master`` within ``timeout`` seconds (one
+    not on that master costs a short find_job round: ``toolkit.hosts.answering``).
+    """
+    return minion in nshosts.answering(master, [minion], timeout)
+
+
+def run_json(master, command, timeout=900):
+    """
+    ``(returncode, report)`` of a ``salt-run ... --out=json`` on ``master`` (the report is the
+    last JSON document printed: progress events come before it).
+    """
+    ret = master.sh(f"{command} --out=json", check=False, timeout=timeout)
+    text = "\n" + ret.stdout
+    assert "\n{" in text, ret.stdout + ret.stderr
+    return ret.returncode, json.loads(text[text.rindex("\n{") :])
+
+
+class Pinger:
+    """
+    Pings ``minion`` once a second from each master, in one thread per master: a failover
+    minion answers the one master it is connected to. ``outages()`` are the runs of seconds no
+    master got an answer.
+    """
+
+    def __init__(self, masters, minion):
+        self.masters, self.minion = masters, minion
+        self.answered, self.ticks = [], []
+        self.answered_by = {master.name: [] for master in masters}
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._ping, args=(m,)) for m in masters]
+
+    def _ping(self, master):
+        while not self.stop.is_set():
+            began = time.monotonic()
+            if answers(master, self.minion, timeout=2):
+                self.answered.append(began)
+                self.answered_by[master.name].append(began)
+            self.ticks.append(began)
+            self.stop.wait(max(0.0, 1.0 - (time.monotonic() - began)))
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join()
+
+    def longest_outage(self, master=None):
+        """
+        The longest time, in seconds, between two answers from any master (or from ``master``,
+        by name).
+        """
+        times = sorted(self.answered if master is None else self.answered_by[master])
+        return max((b - a for a, b in itertools.pairwise(times)), default=float("inf"))
+
+
+class PidWatch:
+    """
+    Samples the salt-minion pid of each host in ``hosts`` every ``interval`` seconds, in a
+    thread: ``restarts()`` counts, per host, the pids seen after the first.
+    """
+
+    def __init__(self, hosts, interval=0.3):
+        self.hosts, self.interval = list(hosts), interval
+        self.seen = {host.name: [] for host in self.hosts}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch)
+
+    def _watch(self):
+        while not self.stop.is_set():
+            for host in self.hosts:
+                pid = minion_pid(host)
+                if pid and (not self.seen[host.name] or self.seen[host.name][-1] != pid):
+                    self.seen[host.name].append(pid)
+            self.stop.wait(self.interval)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stop.set()
+        self.thread.join()
+
+    def restarts(self):
+        return {name: max(0, len(pids) - 1) for name, pids in self.seen.items()}
