@@ -380,6 +380,18 @@ def pillar_epoch(run, minion_id):
     grains, as ``salt-run pillar.show_pillar`` does): 1 when the section names none, None when
     there is no section or the pillar does not compile.
     """
+    section = pillar_section(run, minion_id)
+    if section is None:
+        return None
+    epoch = section.get("epoch", 1)
+    return epoch if _is_epoch(epoch) else None
+
+
+def pillar_section(run, minion_id):
+    """
+    The ``multimaster`` section of the pillar this master compiles now for ``minion_id`` (no
+    minion's answer involved), or None when there is none or the pillar does not compile.
+    """
     id_, grains, _ = salt.utils.minions.get_minion_data(minion_id, run.opts)
     try:
         pillar = salt.pillar.get_pillar(
@@ -400,10 +412,7 @@ def pillar_epoch(run, minion_id):
         )
         return None
     section = pillar.get("multimaster")
-    if not isinstance(section, dict):
-        return None
-    epoch = section.get("epoch", 1)
-    return epoch if _is_epoch(epoch) else None
+    return section if isinstance(section, dict) else None
 
 
 def _is_epoch(value):

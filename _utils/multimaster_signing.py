@@ -36,8 +36,7 @@ import salt.client
 import salt.key
 from salt.exceptions import SaltInvocationError
 
-# Written to the primary with its config: it must not restart (and sign) before the minions
-# verify.
+# With every master's config: none may restart (and sign) before the minions verify.
 NO_RESTART = {"multimaster": {"manage_services": False}}
 PAIR_MISSING = (
     "this master holds no signing pair: make it with salt-key --gen-keys=master_sign "
@@ -48,16 +47,16 @@ PAIR_MISSING = (
 
 def pillar_problem(settings, signing_pub):
     """
-    Why the pillar ``settings`` (``multimaster.settings`` of the primary's control minion) do
-    not turn signing on with this master's signing pair ``signing_pub``, or None.
+    Why the pillar ``settings`` (the primary control minion's ``multimaster`` section) do not
+    turn signing on with this master's signing pair ``signing_pub``, or None.
     """
-    if not isinstance(settings, dict) or "mode" not in settings:
-        return f"the primary's control minion returned no multimaster settings: {settings!r:.200}"
-    if not multimaster_pillarcheck.signs(settings):
+    if not isinstance(settings, dict):
+        return "the pillar of the primary's control minion has no multimaster section that compiles"
+    if not isinstance(settings.get("signing"), dict) or not multimaster_pillarcheck.signs(settings):
         return (
             f"pillar multimaster:signing is not enabled in mode {settings['mode']}: set "
-            "signing: {enabled: true, public_key: <this master's master_sign.pub>} in mode hot "
-            "or failover (docs/rotation.md)"
+            "signing: {enabled: true, public_key: <this master's master_sign.pub>} "
+            "(docs/rotation.md)"
         )
     if not signing_pub:
         return PAIR_MISSING
@@ -115,28 +114,14 @@ def applied(run, targets, sls, timeout, pillar=None):
     return {m: p for m, p in problems.items() if p}
 
 
-def primary_settings(run, section):
+def primary_pillar(run, section):
     """
-    The ``multimaster.settings`` the primary's control minion renders from pillar now (its
-    pillar refreshed first: the operator has just changed it).
+    The ``multimaster`` pillar section this master compiles now for the primary's control
+    minion (no minion's answer involved), with the formula's default mode; None without one.
     """
     minion = multimaster_control.by_id(section)[multimaster_control.ids(section)[0]]
-    with salt.client.get_local_client(run.opts["conf_file"]) as client:
-        client.cmd(
-            minion["minion_id"],
-            "saltutil.refresh_pillar",
-            kwarg={"wait": True},
-            timeout=60,
-            gather_job_timeout=multimaster_returns.QUICK_FIND_JOB,
-        )
-        returns = client.cmd(
-            minion["minion_id"],
-            "multimaster.settings",
-            timeout=60,
-            full_return=True,
-            gather_job_timeout=multimaster_returns.QUICK_FIND_JOB,
-        )
-    return ((returns or {}).get(minion["minion_id"]) or {}).get("ret")
+    found = multimaster_control.pillar_section(run, minion["minion_id"])
+    return None if found is None else {"mode": "hot", **found}
 
 
 def accepted_minions(run):
@@ -150,7 +135,7 @@ def check_ready(run, section, skip_unanswered):
     (one left out would come back to masters that all refuse it).
     """
     signing_pub = multimaster_masterkeyfiles.read_master_key(run.opts, signing=True)
-    settings = primary_settings(run, section)
+    settings = primary_pillar(run, section)
     problem = pillar_problem(settings, signing_pub)
     if problem:
         raise multimaster_control.Refused(problem)
@@ -326,7 +311,7 @@ def enable_signing(run, test=False, skip_unanswered=False, timeout=180):
         )
         if section["mode"] != "hot":
             raise multimaster_control.Refused(
-                f"mode {section['mode']}: enable_signing is for mode hot (tested there); a "
+                f"mode {section['mode']}: enable_signing turns signing on in mode hot only; a "
                 "failover set signs from its start (docs/rotation.md)"
             )
         settings = check_ready(run, section, skip_unanswered)

@@ -29,8 +29,8 @@ def test_pillar_that_turns_signing_on_with_this_masters_pair_is_ready(signing_pu
     [
         (_settings(enabled=False), "pillar multimaster:signing is not enabled in mode hot"),
         (_settings("cluster"), "not enabled in mode cluster"),
-        ("ERROR: no pillar", "returned no multimaster settings: 'ERROR: no pillar'"),
-        (None, "returned no multimaster settings: None"),
+        (None, "has no multimaster section that compiles"),
+        ({"mode": "hot", "signing": "yes"}, "not enabled in mode hot"),
     ],
 )
 def test_pillar_that_does_not_turn_signing_on_is_named(settings, says, signing_pub):
