@@ -254,12 +254,20 @@ def restart_peers(run, section, timeout):
                 full_return=True,
                 gather_job_timeout=multimaster_returns.QUICK_FIND_JOB,
             )
-        ret = (returns or {}).get(minion)
-        ok = isinstance(ret, dict) and ret.get("retcode") == 0
-        reports[master] = {"result": ok, "restarted": ret.get("ret") if ok else None}
-        if not ok:
-            reports[master]["error"] = f"control minion {minion} did not restart it: {ret!r:.200}"
+        reports[master] = peer_restart_report(minion, (returns or {}).get(minion))
     return reports
+
+
+def peer_restart_report(minion, ret):
+    """
+    ``{"result", "restarted"}`` (and ``error``) of a control minion's ``full_return`` of
+    ``restart_master_now``.
+    """
+    if isinstance(ret, dict) and ret.get("retcode") == 0:
+        return {"result": True, "restarted": ret.get("ret")}
+    said = ret.get("ret") if isinstance(ret, dict) else None
+    reason = said[:200] if isinstance(said, str) else "no answer"
+    return {"result": False, "restarted": None, "error": f"{minion}: {reason}"}
 
 
 def switch_minions(run, section, ret, timeout):

@@ -73,3 +73,14 @@ def test_a_state_run_with_every_state_true_is_a_success():
 )
 def test_a_state_run_that_failed_says_why(ret, says):
     assert says in multimaster_signing.state_problem(ret)
+
+
+def test_a_peer_restart_that_failed_says_what_its_control_minion_said():
+    done = multimaster_signing.peer_restart_report("master2", {"ret": "daemon", "retcode": 0})
+    assert done == {"result": True, "restarted": "daemon"}
+    said = {"ret": "ERROR: salt-master did not listen", "retcode": 1}
+    failed = multimaster_signing.peer_restart_report("master2", said)
+    assert failed["result"] is False
+    assert failed["error"] == "master2: ERROR: salt-master did not listen"
+    silent = multimaster_signing.peer_restart_report("master2", None)
+    assert silent["error"] == "master2: no answer"
