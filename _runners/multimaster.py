@@ -396,16 +396,12 @@ def sync_master_key(test=False, masters=None, timeout=180):
 
 def enable_signing(test=False, skip_unanswered=False, timeout=180):
     """
-    Turn signing on in a running hot set whose pillar now says
-    ``signing: {enabled: true, public_key: ...}`` (the pair made on this master, the primary),
-    each daemon restarted once: the peers get the primary's signing pair, sealed, while no
-    master signs; every master's config is written to sign; every minion applies
-    ``multimaster.minion`` (it verifies signed keys and restarts once, then is refused by every
-    master for a few seconds); the primary restarts, from this runner's process, and signs;
-    then the peers. Ends with every master and minion waited for and every master's signed key
-    proven by a sign-in (``sync_master_key``). Refused before any change when pillar does not
-    match this master's signing pair, or a master or accepted minion does not answer, and in
-    modes failover and cluster. Safe to run again: what is done is not redone.
+    Turn signing on in a running hot set whose pillar now names this master's signing pair
+    (``signing: {enabled: true, public_key: ...}``), each daemon restarted once: the peers get
+    the pair, every minion verifies (restarted), then the primary and the peers sign, and
+    ``sync_master_key`` proves every master (docs/rotation.md gives the order and the
+    minions' short outage). Refused before any change when pillar does not match, a master or
+    accepted minion does not answer, or the mode is not hot. Safe to run again.
 
     test
         Return what would be done; change nothing.
