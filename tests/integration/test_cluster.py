@@ -129,6 +129,10 @@ def cluster_set(daemons, salt_factories, tmp_path_factory):
     harness.wait_for(
         lambda: cluster_formed(masters, pki_dirs), FORM_TIMEOUT, 2, "the cluster to form"
     )
+    for joined in masters[1:]:
+        restart_on_cluster_key(
+            joined, cluster_pub(mopts[0]), lambda: cluster_formed(masters, pki_dirs)
+        )
     formed = time.monotonic() - started - applied
     minions = [
         daemons.minion(masters[0], minion_id, harness.minion_overrides(BALANCER, PORTS))
@@ -459,20 +463,65 @@ def start_joiner(cluster_set, factory, cm):
     stack.callback(factory.terminate)
     started = time.monotonic()
     factory.start(start_timeout=START_TIMEOUT)
-    joined = harness.wait_for(
-        lambda: (
-            JOINER in members(factory).get("voters", []) + members(factory).get("learners", [])
-            and members(factory)
-        ),
-        FORM_TIMEOUT,
-        2,
-        f"{JOINER} to join the cluster",
-    )
+    joined = wait_member(factory)
     join_time = time.monotonic() - started
+    founders = {cluster_pub(o) for o in cluster_set["mopts"]}
+    assert len(founders) == 1 and None not in founders, founders
+    key = founders.pop()
+    restart_on_cluster_key(factory, key, lambda: is_member(factory))
     stack.callback(kill_daemons_of, cm.config_dir)
     stack.callback(cm.terminate)
     cm.start(start_timeout=START_TIMEOUT)
+    trusted = pathlib.Path(cm.config["pki_dir"]) / "minion_master.pub"
+    harness.wait_for(
+        lambda: pem_text(trusted) == key,
+        60,
+        1,
+        f"{cm.id} to trust the cluster's key",
+    )
     print(f"\n{JOINER} joined in {join_time:.1f} s: {joined}")
+
+
+def is_member(factory):
+    """``factory``'s ``cluster.members`` when it names the joiner a voter or learner, else False."""
+    view = members(factory)
+    return JOINER in view.get("voters", []) + view.get("learners", []) and view
+
+
+def wait_member(factory):
+    """Wait until the joiner is a voter or learner; returns its ``cluster.members``."""
+    return harness.wait_for(
+        lambda: is_member(factory), FORM_TIMEOUT, 2, f"{JOINER} to join the cluster"
+    )
+
+
+def pem_text(path):
+    """The key at ``path`` with Salt's line endings and no outer blank lines, or None."""
+    return "\n".join(path.read_text().strip().splitlines()) if path.exists() else None
+
+
+def cluster_pub(mopts):
+    """The cluster public key a master holds (``cluster_pki_dir/cluster.pub``), or None."""
+    return pem_text(pathlib.Path(mopts["cluster_pki_dir"]) / "cluster.pub")
+
+
+def restart_on_cluster_key(factory, key, settled):
+    """
+    Wait until the joined master ``factory`` holds the cluster's public key ``key``, restart
+    it once, and wait until ``settled()``. A joiner makes a cluster key of its own at its start
+    and takes the cluster's from its join reply, which deletes and rewrites the key files while
+    Salt 3008's workers start and load them: measured here, one worker made a fresh key in that
+    gap and another refused the control minion's token ("Token failed to decrypt"). A restart
+    after the join loads the delivered key in every worker; the add orchestration and the
+    walk-through restart every joiner before a minion signs in there.
+    """
+    opts = multimaster_keystore.master_opts(factory.config_dir)
+    harness.wait_for(
+        lambda: cluster_pub(opts) == key, 60, 1, f"{factory.id} to hold the cluster's key"
+    )
+    factory.terminate()
+    factory.start(start_timeout=START_TIMEOUT)
+    harness.wait_for(settled, FORM_TIMEOUT, 2, f"{factory.id} to be a member again")
 
 
 def assert_joined(cluster_set, factory, leader):
