@@ -354,11 +354,26 @@ def _as_planned(checked, changes, current):
     todo, skipped = [], []
     for (action, _), change in zip(checked, changes, strict=True):
         held = current.get(action["id"])
-        if _wire(held) != _wire(action.get("expect")):
-            skipped.append(_skip(action, f"changed since planned: {held}"))
-        else:
+        if _still_planned(action, _wire(held)):
             todo.append((action, change, held))
+        else:
+            skipped.append(_skip(action, f"changed since planned: {held}"))
     return todo, skipped
+
+
+def _still_planned(action, held):
+    """
+    True when ``held`` (wire form) is the entry planned on, or when an accept planned on no
+    entry meets the very key it accepts as pending: a minion that lists this master signed in
+    with it meanwhile, as every minion does with a master added into a reserved slot.
+    """
+    if held == _wire(action.get("expect")):
+        return True
+    return (
+        action["op"] == "accept"
+        and action.get("expect") is None
+        and held == ["pending", action.get("fp")]
+    )
 
 
 def _wire(entry):

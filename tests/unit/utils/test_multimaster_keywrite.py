@@ -163,6 +163,21 @@ def test_apply_actions_sets_only_what_is_still_as_planned(mopts):
     assert where(mopts, "moved") == ["minions"] and where(mopts, "fresh") == ["minions_rejected"]
 
 
+def test_an_accept_planned_on_nothing_takes_the_same_key_pending_since(mopts):
+    # A minion that lists this master signed in with the key being accepted: accepted. Another
+    # key under that id is skipped, never replaced.
+    put(mopts, "minions_pre", "web1")
+    put(mopts, "minions_pre", "web2", OTHER)
+    checked = [
+        ({"id": "web1", "op": "accept", "fp": FP, "expect": None}, PEM),
+        ({"id": "web2", "op": "accept", "fp": FP, "expect": None}, PEM),
+    ]
+    result = kw.apply_actions(mopts, checked)
+    assert result["done"] == [{"id": "web1", "op": "accept"}]
+    assert [(s["id"], s["op"]) for s in result["skipped"]] == [("web2", "accept")]
+    assert where(mopts, "web1") == ["minions"] and where(mopts, "web2") == ["minions_pre"]
+
+
 def test_apply_actions_rotates_only_when_an_accepted_key_is_removed(mopts):
     put(mopts, "minions_pre", "web1")
     expect = ["pending", FP]
