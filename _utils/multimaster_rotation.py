@@ -189,8 +189,8 @@ def unrotatable(section):
     if not signs(section):
         return (
             "the masters do not share a signing pair, so every minion would refuse a new "
-            "master key: in mode hot, set multimaster:signing in pillar and run salt-run "
-            "multimaster.enable_signing; a failover set signs from its start (docs/rotation.md)"
+            "master key: set multimaster:signing in pillar and run salt-run "
+            "multimaster.enable_signing (docs/rotation.md)"
         )
     return None
 

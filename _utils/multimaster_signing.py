@@ -1,6 +1,6 @@
 """
-Signing turned on in a running hot set (the rotation's prepare step), each daemon restarted
-once, every minion without a master only between its own restart and the primary's.
+Signing turned on in a running hot or failover set (the rotation's prepare step), each daemon
+restarted once, every minion without a master only between its own restart and the primary's.
 
 Salt refuses both mismatches at a sign-in: a minion that verifies refuses a master that does
 not sign, and a master that signs is refused by a minion that does not verify. A minion signs
@@ -14,12 +14,16 @@ minion that does not verify is connected to it. The order:
 2. every master's config is written to sign, none restarted;
 3. ``multimaster.minion`` on every minion, control minions too: it verifies, holds
    ``master_sign.pub`` and restarts once after its job; every master refuses it for now, and
-   it retries (a hot minion every ``acceptance_wait_time``);
+   it retries (every ``acceptance_wait_time``; a failover minion tries each master in turn);
 4. once none of them answers any more, the primary restarts from this runner's own process
    and signs: the minions sign in to it;
 5. the peers restart (their control minions reach them through the primary now) and sign;
 6. the masters and minions are waited for, and ``sync_master_key`` proves every master's
    signed key by a sign-in.
+
+Step 3 is published from the primary. A hot minion answers every master; a failover minion
+answers only the master it is connected to, so in mode failover every minion must answer the
+primary.
 """
 
 import time
@@ -128,6 +132,15 @@ def accepted_minions(run):
     return sorted(salt.key.get_key(run.opts).list_status("acc").get("minions", []))
 
 
+def off_primary(answers, primary):
+    """
+    The minions that answer a master but not ``primary``, sorted (``answers``: each master's
+    ``minions_verifying`` answer).
+    """
+    answering = {m for answer in answers.values() for m in answer["minions"]}
+    return sorted(answering - set(answers.get(primary, {}).get("minions", {})))
+
+
 def check_ready(run, section, skip_unanswered):
     """
     The pillar settings, or ``Refused`` when signing cannot be turned on now: pillar does not
@@ -156,6 +169,14 @@ def check_ready(run, section, skip_unanswered):
             + "; ".join(f"{m}: {e}" for m, e in sorted(errors.items()))
         )
     answering = {m for answer in answers.values() for m in answer["minions"]}
+    elsewhere = off_primary(answers, order[0])
+    if elsewhere and section["mode"] == "failover":
+        raise multimaster_control.Refused(
+            f"minions {multimaster_keys.shown(elsewhere)} answer another master than the "
+            f"primary {order[0]}: the step that makes each minion verify is published from the "
+            "primary and would miss them; once they are back on it (failback, or a restart of "
+            "each), run again"
+        )
     silent = sorted(set(accepted_minions(run)) - answering)
     if silent and not skip_unanswered:
         raise multimaster_control.Refused(
@@ -317,10 +338,10 @@ def enable_signing(run, test=False, skip_unanswered=False, timeout=180):
         section = multimaster_control.acting(
             run, multimaster_control.section(run), "enable_signing"
         )
-        if section["mode"] != "hot":
+        if section["mode"] not in ("hot", "failover"):
             raise multimaster_control.Refused(
-                f"mode {section['mode']}: enable_signing turns signing on in mode hot only; a "
-                "failover set signs from its start (docs/rotation.md)"
+                f"mode {section['mode']}: enable_signing turns signing on in mode hot or "
+                "failover only (docs/rotation.md)"
             )
         settings = check_ready(run, section, skip_unanswered)
     except SaltInvocationError as exc:

@@ -26,11 +26,18 @@ from .kit import DaemonSet
 # (they share one bridge and its addresses), the key modules (a package-scoped set, run in the
 # order their conftest gives), and every other module alone (its module-scoped daemons).
 WHOLE_PACKAGES = ("tests/integration/hosts/", "tests/integration/keys/")
+# Host modules on a bridge and subnet of their own (``PREFIX``, ``SUBNET``): units of their own.
+OWN_BRIDGE = ("tests/integration/hosts/test_enable_signing_failover.py",)
 
 
 def work_unit(nodeid):
-    """The package in ``WHOLE_PACKAGES`` that holds test ``nodeid``, else its module's path."""
+    """
+    The package in ``WHOLE_PACKAGES`` that holds test ``nodeid``, else its module's path (also
+    for a module in ``OWN_BRIDGE``).
+    """
     path = nodeid.split("::", 1)[0]
+    if path in OWN_BRIDGE:
+        return path
     return next((package for package in WHOLE_PACKAGES if path.startswith(package)), path)
 
 

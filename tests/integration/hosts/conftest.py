@@ -12,11 +12,13 @@ from toolkit import hosts as nshosts
 def host_set(request):
     """
     The module's ``HOSTS`` (name -> address) as separate hosts (named with its ``PREFIX``, default
-    ``mm``), removed after the module; on a failure the daemons' logs are printed first.
+    ``mm``, on its ``SUBNET``, default ``10.0.3``), removed after the module; on a failure the
+    daemons' logs are printed first.
     """
-    prefix = getattr(request.module, "PREFIX", "mm")
     hosts = nshosts.HostSet(
-        [nshosts.Host(n, a) for n, a in request.module.HOSTS.items()], prefix=prefix
+        [nshosts.Host(n, a) for n, a in request.module.HOSTS.items()],
+        prefix=getattr(request.module, "PREFIX", "mm"),
+        subnet=getattr(request.module, "SUBNET", "10.0.3"),
     )
     hosts.up()
     yield hosts

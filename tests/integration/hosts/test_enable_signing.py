@@ -14,20 +14,10 @@ from tests.support.hostwatch import PidWatch, Pinger, answers, read, run_json
 from toolkit import hosts as nshosts
 
 HOSTS = {"master1": "10.0.3.61", "master2": "10.0.3.230", "minion1": "10.0.3.71"}
-PRIMARY = "10.0.3.61"
-PILLAR = """\
-multimaster:
-  mode: hot
-  masters:
-    - {id: master1, host: 10.0.3.61}
-    - {id: master2, host: 10.0.3.230}
-  master:
-    file_roots: {base: [/srv/salt, /srv/formulas/multimaster-formula]}
-    pillar_roots: {base: [/srv/pillar]}
-"""
 PREPARE = f"""
 {nshosts.SERVE_FORMULA}cat > /srv/pillar/multimaster.sls <<'YAML'
-{PILLAR}YAML
+$PILLAR
+YAML
 {nshosts.accept_all("master[12]|minion1", 3)}"""
 BUILD = """
 salt '*' saltutil.sync_all && salt-run saltutil.sync_all
@@ -48,6 +38,19 @@ MASTER_PKI = "/etc/salt/pki/master"
 NO_MASTER_BOUND = 60
 
 
+def pillar(host_set, mode):
+    """The set's pillar: master1 and master2 in ``mode``, no signing yet."""
+    section = {
+        "mode": mode,
+        "masters": [{"id": m, "host": host_set[m].address} for m in ("master1", "master2")],
+        "master": {
+            "file_roots": {"base": ["/srv/salt", "/srv/formulas/multimaster-formula"]},
+            "pillar_roots": {"base": ["/srv/pillar"]},
+        },
+    }
+    return {"multimaster": section}
+
+
 def _signing_pub(master):
     return read(master, f"{MASTER_PKI}/master_sign.pub")
 
@@ -57,19 +60,31 @@ def _signs(master):
     return yaml.safe_load(text).get("master_sign_pubkey") is True
 
 
-def test_signing_is_turned_on_in_a_running_hot_set(host_set):
-    for name in HOSTS:
-        nshosts.bootstrap(host_set[name], PRIMARY, master=name.startswith("master"))
-    master1, master2, minion1 = (host_set[n] for n in HOSTS)
-    master1.sh(PREPARE, env={"FORMULA_GIT": nshosts.formula_git()}, timeout=600)
+def built(host_set, mode):
+    """
+    The set built plain in ``mode`` as the README builds it, then the operator's signing pair
+    on the primary and its public key in pillar. Returns the master key master2 serves.
+    """
+    master1, master2 = host_set["master1"], host_set["master2"]
+    for host in host_set:
+        nshosts.bootstrap(host, master1.address, master=host.name.startswith("master"))
+    section = pillar(host_set, mode)
+    prepare = PREPARE.replace("$PILLAR", yaml.safe_dump(section).strip())
+    master1.sh(prepare, env={"FORMULA_GIT": nshosts.formula_git()}, timeout=600)
     master1.sh(BUILD, timeout=1200)
-    master_key = read(master2, f"{MASTER_PKI}/master.pub")
-    # The operator: a signing pair on the primary, its public key in pillar.
     master1.sh(f"salt-key --gen-keys=master_sign --gen-keys-dir={MASTER_PKI}")
-    pillar = yaml.safe_load(PILLAR)
-    pillar["multimaster"]["signing"] = {"enabled": True, "public_key": _signing_pub(master1)}
-    master1.path("/srv/pillar/multimaster.sls").write_text(yaml.safe_dump(pillar))
+    section["multimaster"]["signing"] = {"enabled": True, "public_key": _signing_pub(master1)}
+    master1.path("/srv/pillar/multimaster.sls").write_text(yaml.safe_dump(section))
+    return read(master2, f"{MASTER_PKI}/master.pub")
 
+
+def turned_on(host_set, answering):
+    """
+    ``salt-run multimaster.enable_signing`` after its ``test=True``, minion1 pinged once a
+    second from each master until it answers the masters named in ``answering`` again; each
+    daemon restarted once, both masters sign, minion1 verifies. Returns ``(seconds, pinger)``.
+    """
+    master1, master2, minion1 = (host_set[n] for n in ("master1", "master2", "minion1"))
     code, data = run_json(master1, "salt-run multimaster.enable_signing test=True")
     assert code == 0 and data["masters"] == ["master1", "master2"], data
     assert not _signs(master1) and not _signs(master2)
@@ -78,8 +93,10 @@ def test_signing_is_turned_on_in_a_running_hot_set(host_set):
     with PidWatch(host_set) as pids, Pinger((master1, master2), "minion1") as pinger:
         code, data = run_json(master1, "salt-run multimaster.enable_signing", timeout=900)
         host_set.wait(
-            "minion1 to answer both masters",
-            lambda: all(t and t[-1] > time.monotonic() - 3 for t in pinger.answered_by.values()),
+            f"minion1 to answer {', '.join(answering)}",
+            lambda: all(
+                (t := pinger.answered_by[m]) and t[-1] > time.monotonic() - 3 for m in answering
+            ),
             90,
             1,
         )
@@ -88,28 +105,40 @@ def test_signing_is_turned_on_in_a_running_hot_set(host_set):
     assert data["proof"]["retcode"] == 0, data
     assert pids.restarts() == {"master1": 1, "master2": 1, "minion1": 1}, pids.seen
     assert _signs(master1) and _signs(master2)
-    # The primary's signing pair on master2; the master key the set shares is unchanged.
     assert _signing_pub(master2) == _signing_pub(master1)
-    assert read(master2, f"{MASTER_PKI}/master.pub") == master_key
     conf = yaml.safe_load(minion1.path("/etc/salt/minion.d/multimaster.conf").read_text())
     assert conf["verify_master_pubkey_sign"] is True, conf
     assert read(minion1, "/etc/salt/pki/minion/master_sign.pub") == _signing_pub(master1)
-    gap = pinger.longest_outage()
-    print(
-        f"\nsigning turned on in a hot set of 2: {took:.0f}s; minion1 restarted once; longest "
-        f"time with no answer from any master {gap:.1f}s; from master1 "
-        f"{pinger.longest_outage('master1'):.1f}s, from master2 "
-        f"{pinger.longest_outage('master2'):.1f}s"
-    )
-    assert gap <= NO_MASTER_BOUND
+    assert pinger.longest_outage() <= NO_MASTER_BOUND
+    return took, pinger
 
-    # Again: nothing to do, nothing restarted.
+
+def again_restarts_nothing(host_set):
+    """``enable_signing`` run again: nothing to do, no daemon restarted."""
     with PidWatch(host_set) as pids:
-        code, data = run_json(master1, "salt-run multimaster.enable_signing", timeout=900)
+        code, data = run_json(host_set["master1"], "salt-run multimaster.enable_signing")
     assert code == 0, data
     assert data["primary"]["restarted"] is None and data["minions"]["failed"] == {}, data
     assert data["peers"]["master2"]["restarted"] is None, data
     assert pids.restarts() == {"master1": 0, "master2": 0, "minion1": 0}, pids.seen
+
+
+def figures(mode, took, pinger):
+    return (
+        f"\nsigning turned on in a {mode} set of 2: {took:.0f}s; minion1 restarted once; "
+        f"longest time with no answer from any master {pinger.longest_outage():.1f}s; from "
+        f"master1 {pinger.longest_outage('master1'):.1f}s, from master2 "
+        f"{pinger.longest_outage('master2'):.1f}s"
+    )
+
+
+def test_signing_is_turned_on_in_a_running_hot_set(host_set):
+    master_key = built(host_set, "hot")
+    took, pinger = turned_on(host_set, ("master1", "master2"))
+    # The master key the set shares is unchanged.
+    assert read(host_set["master2"], f"{MASTER_PKI}/master.pub") == master_key
+    print(figures("hot", took, pinger))
+    again_restarts_nothing(host_set)
 
 
 def test_the_prepared_set_rotates_its_key(host_set):

@@ -84,3 +84,13 @@ def test_a_peer_restart_that_failed_says_what_its_control_minion_said():
     assert failed["error"] == "master2: ERROR: salt-master did not listen"
     silent = multimaster_signing.peer_restart_report("master2", None)
     assert silent["error"] == "master2: no answer"
+
+
+def test_the_minions_that_answer_only_a_peer_are_named():
+    answers = {
+        "master1": {"minions": {"web1": False, "master2": False}},
+        "master2": {"minions": {"web1": False, "web2": False, "web3": True}},
+    }
+    assert multimaster_signing.off_primary(answers, "master1") == ["web2", "web3"]
+    only_primary = {"master1": {"minions": {"web1": True}}}
+    assert multimaster_signing.off_primary(only_primary, "master1") == []
