@@ -384,7 +384,9 @@ def minion_config(settings, local_master=None):
     local_master
         The master entry this minion controls, if any. In mode cluster a control minion talks
         to its own master, not the balancer: the runners address a master through its control
-        minion, and its master alone holds its session key.
+        minion, and its master alone holds its session key. In mode failover a control minion
+        always fails back to the primary: the runners reach it only there, and a Salt 3008
+        failover minion leaves a master the moment its connection drops (any restart).
     """
     mode = settings["mode"]
     minion = settings["minion"]
@@ -407,7 +409,7 @@ def minion_config(settings, local_master=None):
         config.update(
             {
                 "master_alive_interval": failover["alive_interval"],
-                "master_failback": failover["failback"],
+                "master_failback": failover["failback"] or local_master is not None,
                 "master_failback_interval": failover["failback_interval"],
                 "random_master": failover["shuffle"],
                 "random_reauth_delay": failover["random_reauth_delay"],

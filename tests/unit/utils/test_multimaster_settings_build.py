@@ -197,6 +197,13 @@ def test_failover_configs(defaults):
     assert ms.set_config(settings)["multimaster"]["failover"]["alive_interval"] == 10
 
 
+def test_a_failover_control_minion_always_fails_back_to_the_primary(defaults):
+    settings = build(defaults, mode="failover", failover={"failback": False})
+    assert ms.minion_config(settings)["master_failback"] is False
+    control = ms.minion_config(settings, settings["masters"][1])
+    assert control["master_failback"] is True and control["master"] == ["10.0.3.61", "10.0.3.230"]
+
+
 def test_failover_with_signing_configs(defaults):
     settings = build(defaults, mode="failover", signing={"enabled": True, "public_key": PEM})
     assert ms.minion_config(settings)["verify_master_pubkey_sign"] is True
