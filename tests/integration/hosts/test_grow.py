@@ -18,6 +18,7 @@ import time
 import psutil
 
 from tests.support import walkthrough
+from tests.support.hostwatch import minion_pid
 from toolkit import hosts as nshosts
 
 HOSTS = {
@@ -72,9 +73,9 @@ def _reactor_error(master):
 
 def _minion_pids(host_set, names):
     """
-    Each host's salt-minion PID, from Salt's default pidfile.
+    Each host's salt-minion PID, from Salt's default pidfile (None while a restart has none).
     """
-    return {name: host_set[name].path("/run/salt-minion.pid").read_text().strip() for name in names}
+    return {name: minion_pid(host_set[name]) for name in names}
 
 
 def _master_pids(host_set, names):
