@@ -397,12 +397,10 @@ def sync_master_key(test=False, masters=None, timeout=180):
 def enable_signing(test=False, skip_unanswered=False, timeout=180):
     """
     Turn signing on in a running hot or failover set whose pillar names this master's signing
-    pair (``signing: {enabled: true, public_key: ...}``), each daemon restarted once: the peers get
-    the pair, every minion verifies (restarted), then the primary and the peers sign, and
-    ``sync_master_key`` proves every master (docs/rotation.md gives the order and the
-    minions' short outage). Refused before any change when pillar does not match, a master or
-    accepted minion does not answer, a failover minion answers another master than this one,
-    or the mode is cluster. Safe to run again.
+    pair (``signing:``), each daemon restarted once (docs/rotation.md gives the order and the
+    minions' short outage); ``sync_master_key`` then proves every master. Refused before any
+    change when pillar does not match, a master or accepted minion does not answer, a failover
+    minion answers another master than this one, or the mode is cluster. Safe to run again.
 
     test
         Return what would be done; change nothing.

@@ -7,9 +7,16 @@ key of its own (``rotate_master_key``): its control minions, failover minions to
 the primary for the runner's last steps (they always fail back there).
 """
 
-from tests.support.hostwatch import answers, read, run_json
+from tests.support.hostwatch import answers, read
 
-from .test_enable_signing import MASTER_PKI, again_restarts_nothing, built, figures, turned_on
+from .test_enable_signing import (
+    MASTER_PKI,
+    again_restarts_nothing,
+    built,
+    figures,
+    rotated,
+    turned_on,
+)
 
 # A bridge and subnet of its own: ``make test`` runs this module beside the other host modules
 # (``tests/integration/conftest.py``).
@@ -29,10 +36,7 @@ def test_signing_is_turned_on_in_a_running_failover_set(host_set):
 
 def test_the_prepared_failover_set_gives_each_master_its_own_key(host_set):
     master1, master2 = host_set["master1"], host_set["master2"]
-    before = read(master1, f"{MASTER_PKI}/master.pub")
-    code, data = run_json(master1, "salt-run multimaster.rotate_master_key generation=1")
-    assert code == 0, data
-    after = {m.name: read(m, f"{MASTER_PKI}/master.pub") for m in (master1, master2)}
+    before, after = rotated(host_set)
     assert before not in after.values() and after["master1"] != after["master2"]
     # minion1 left master1 when it restarted, and stays where it went (failback is off).
     assert answers(master1, "minion1") or answers(master2, "minion1")
