@@ -555,18 +555,55 @@ def stage(tmp_dir, text, uid, mode=0o600, sync=False, prefix="tmp"):
     """
     fd, tmp = tempfile.mkstemp(dir=tmp_dir, prefix=prefix)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(text.encode())
-            os.fchmod(fd, mode)
-            if uid is not None:
-                os.fchown(fd, uid, -1)
-            if sync:
-                handle.flush()
-                os.fsync(fd)
+        _fill(fd, text, uid, mode, sync)
     except BaseException:
         os.unlink(tmp)
         raise
     return tmp
+
+
+def _fill(fd, text, uid, mode, sync=False):
+    # Closes fd.
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(text.encode())
+        os.fchmod(fd, mode)
+        if uid is not None:
+            os.fchown(fd, uid, -1)
+        if sync:
+            handle.flush()
+            os.fsync(fd)
+
+
+_STAGE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def staged_files(tmp_dir, texts, uid, mode=0o600):
+    """
+    ``stage`` for each of ``texts`` in turn (None gives None), yielding each path once it is
+    written: one fd of ``tmp_dir`` and one random prefix for the whole batch, where ``stage``
+    resolves the path and draws a name per file (a first sync writes 100,000 keys).
+    """
+    prefix = f"tmp{os.urandom(6).hex()}-"
+    dir_fd = os.open(tmp_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for index, text in enumerate(texts):
+            if text is None:
+                yield None
+                continue
+            name = f"{prefix}{index}"
+            _write_new(dir_fd, name, text, uid, mode)
+            yield os.path.join(tmp_dir, name)
+    finally:
+        os.close(dir_fd)
+
+
+def _write_new(dir_fd, name, text, uid, mode):
+    fd = os.open(name, _STAGE_FLAGS, mode, dir_fd=dir_fd)
+    try:
+        _fill(fd, text, uid, mode)
+    except BaseException:
+        os.unlink(name, dir_fd=dir_fd)
+        raise
 
 
 def discard(paths):

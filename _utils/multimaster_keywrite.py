@@ -216,8 +216,9 @@ def _write(mopts, changes):
     )
     staged = []
     try:
-        for _, state, pem in changes:
-            staged.append(multimaster_keystore.stage(tmp_dir, pem, uid) if state else None)
+        texts = [pem if state else None for _, state, pem in changes]
+        for path in multimaster_keystore.staged_files(tmp_dir, texts, uid):
+            staged.append(path)
         os.sync()
         return _move_all(pki, changes, staged)
     finally:
@@ -225,16 +226,23 @@ def _write(mopts, changes):
 
 
 def _move_all(pki, changes, staged):
-    skipped, touched = {}, set()
-    for index, ((minion_id, state, pem), tmp) in enumerate(zip(changes, staged, strict=True)):
+    """
+    Rename each staged file into place (its entry in ``staged`` set to None once moved) and
+    clear the id's other states; returns ``{index in changes: reason}`` of the blocked ones.
+    """
+    skipped, touched, made = {}, set(), set()
+    for index, (minion_id, state, pem) in enumerate(changes):
         reason = _blocked_file(pki, minion_id, state, pem)
         if reason:
             skipped[index] = reason
             continue
         if state:
             target = multimaster_keystore.STATE_DIRS.get(state, multimaster_keystore.DENIED_DIR)
-            os.makedirs(os.path.join(pki, target), mode=0o750, exist_ok=True)
-            os.replace(tmp, os.path.join(pki, target, minion_id))
+            if target not in made:
+                os.makedirs(os.path.join(pki, target), mode=0o750, exist_ok=True)
+                made.add(target)
+            os.replace(staged[index], os.path.join(pki, target, minion_id))
+            staged[index] = None
             touched.add(target)
         for other in _others(state):
             path = os.path.join(pki, other, minion_id)
@@ -329,9 +337,8 @@ def apply_actions(mopts, checked):
         rotated = any(_revokes(action["op"], held) for action, _, held in done)
         if rotated:
             rotate_aes(mopts)
-        written = {minion_id for minion_id, _, _ in changes}
         multimaster_keystore.note_held(
-            mopts, multimaster_keystore.inventory(mopts, ids=written)[0], written
+            mopts, _entries_after(current, done), {minion_id for minion_id, _, _ in changes}
         )
     return {
         "done": [{"id": action["id"], "op": action["op"]} for action, _, _ in done],
@@ -339,6 +346,21 @@ def apply_actions(mopts, checked):
         "repaired": repaired,
         "rotated": rotated,
     }
+
+
+def _entries_after(current, done):
+    """
+    What the ids read into ``current`` (under the lock, before the writes) hold once ``done``
+    (``[(action, change, held)]``) is written: the writes' own outcome, so that recording it
+    reads no written file back (a denial sits beside the id's state and changes none).
+    """
+    entries = dict(current)
+    for action, (minion_id, state, _), _ in done:
+        if state is None:
+            entries.pop(minion_id, None)
+        elif state != "denied":
+            entries[minion_id] = [state, action["fp"]]
+    return entries
 
 
 def _change(action, pem):

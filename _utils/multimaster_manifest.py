@@ -163,8 +163,8 @@ def _holding(files, modes):
     synced than an empty directory, and equals a missing one.
     """
     wanted = set()
-    for relpath in files:
-        parts = relpath.split("/")[:-1]
+    for directory in {_dir_of(relpath) for relpath in files}:
+        parts = directory.split("/") if directory else []
         wanted.update("/".join(parts[:depth]) for depth in range(len(parts) + 1))
     return {directory: mode for directory, mode in modes.items() if directory in wanted}
 

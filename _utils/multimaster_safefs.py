@@ -11,6 +11,7 @@ directories they leave empty, never the root itself. Names that are not plain, p
 import errno
 import hashlib
 import os
+import re
 import stat
 
 VCS_DIRS = frozenset((".git", ".hg", ".svn", ".bzr", "CVS"))
@@ -31,6 +32,9 @@ class SafeFsError(OSError):
         self.errno = errno_
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def unsafe_name(name):
     """
     Why ``name`` is not a safe single path component (a sentence), or None when it is.
@@ -40,7 +44,7 @@ def unsafe_name(name):
     """
     if name in ("", ".", "..") or "/" in name or "\0" in name:
         return "not a plain name"
-    if any(ord(char) < 32 or ord(char) == 127 for char in name):
+    if _CONTROL.search(name):
         return "control character in name"
     if name.startswith(_TMP_PREFIX):
         return "temporary file of an interrupted sync"

@@ -8,7 +8,8 @@ the median of ``--repeat`` turns (each turn printed):
 
 - floor: ``salt -L <peer control minions> test.ping`` (one publish round trip, CLI included);
 - full: the first ``sync_keys`` (every key copied to both peers); before each turn the peers
-  are stopped, their key stores and their record of held keys emptied, and started again;
+  are stopped, their key stores and their record of held keys emptied, and started again,
+  and the turn starts once the disk has gone quiet (``benchlab.quiet_disk``);
 - no-op: ``sync_keys`` again (digests only);
 - 100 changes: 50 new accepted and 50 accepted keys rejected on the primary, then
   ``sync_keys`` (other keys each turn);
@@ -32,7 +33,16 @@ import statistics
 
 import salt.cache
 import salt.config
-from benchlab import BenchLab, PeakSampler, devkit, largest_load, peak_rss_mb, timed, write
+from benchlab import (
+    BenchLab,
+    PeakSampler,
+    devkit,
+    largest_load,
+    peak_rss_mb,
+    quiet_disk,
+    timed,
+    write,
+)
 
 MASTERS = [("master1", "127.0.0.11"), ("master2", "127.0.0.12"), ("master3", "127.0.0.13")]
 PEERS = [mid for mid, _ in MASTERS[1:]]
@@ -106,11 +116,14 @@ def emptied_peers():
 def full_syncs(keys, repeat):
     """
     ``repeat`` first syncs, each into emptied peers, each checked to have copied every key.
+    Each turn starts once the disk has gone quiet: emptying 200,000 key files, or writing the
+    primary's, is still being flushed for a while and would slow only the turns after it.
     """
     turns = []
     for turn in range(repeat):
         if turn:
             emptied_peers()
+        quiet_disk(LAB.path("master2"))
         turns.append(sync())
         for mid in PEERS:
             count = accepted_count(mid)

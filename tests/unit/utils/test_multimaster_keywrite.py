@@ -38,6 +38,23 @@ def test_write_leaves_one_state_and_no_temp_files(mopts):
     with open(os.path.join(mopts["pki_dir"], "minions", "web1"), encoding="utf-8") as fh:
         assert fh.read() == PEM
     assert os.listdir(os.path.join(mopts["pki_dir"], ks.TMP_DIR)) == []
+
+
+def test_a_write_that_fails_while_staging_changes_nothing_and_leaves_no_temp_file(
+    mopts, monkeypatch
+):
+    written = ks._write_new
+
+    def full_disk(dir_fd, name, *args):
+        if len(os.listdir(dir_fd)) == 2:
+            raise OSError(28, "No space left on device")
+        written(dir_fd, name, *args)
+
+    monkeypatch.setattr(ks, "_write_new", full_disk)
+    with pytest.raises(OSError):
+        kw.write(mopts, [(f"web{i}", "accepted", PEM) for i in range(5)])
+    assert os.listdir(os.path.join(mopts["pki_dir"], ks.TMP_DIR)) == []
+    assert [where(mopts, f"web{i}") for i in range(5)] == [[]] * 5
     assert not kw.repair_needed(mopts)
 
 
@@ -219,6 +236,24 @@ def test_apply_actions_records_what_it_leaves(mopts):
     assert ks.held_before(mopts, "web1") == FP
     kw.apply_actions(mopts, [({"id": "web1", "op": "delete", "expect": ["accepted", FP]}, None)])
     assert ks.held_before(mopts, "web1", now=time.time() + ks.HELD_GRACE + 1) is None
+
+
+def test_the_record_after_an_apply_is_what_the_store_holds(mopts):
+    put(mopts, "minions", "web1")
+    put(mopts, "minions_pre", "web2")
+    later = time.time() + ks.HELD_GRACE + 1
+    kw.apply_actions(
+        mopts,
+        [
+            ({"id": "web1", "op": "reject", "fp": FP, "expect": ["accepted", FP]}, PEM),
+            # Planned on another entry: skipped, so web2 stays held pending.
+            ({"id": "web2", "op": "accept", "fp": FP, "expect": ["rejected", FP]}, PEM),
+            ({"id": "web3", "op": "pend", "fp": FP, "expect": None}, PEM),
+        ],
+    )
+    assert ks.held_before(mopts, "web1", now=later) is None
+    assert ks.held_before(mopts, "web2", now=later) == FP
+    assert ks.held_before(mopts, "web3", now=later) == FP
 
 
 # --- the key cache (mmap_key) --------------------------------------------------------------------

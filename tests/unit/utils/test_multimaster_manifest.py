@@ -412,3 +412,13 @@ def test_a_manifest_carries_the_modes_of_the_directories_that_hold_files(tmp_pat
     (root / "a" / "b" / "f.sls").unlink()
     dirs = {}
     assert manifest.manifest(root, dirs=dirs) == ({}, {}) and dirs == {}
+
+
+@pytest.mark.parametrize("name", ["a\x01b", "tab\there", "del\x7f", "esc\x1b[0m", "\x1f"])
+def test_a_name_with_a_control_character_is_unsafe(name):
+    assert safefs.unsafe_name(name) == "control character in name"
+
+
+@pytest.mark.parametrize("name", ["café-ü.sls", "top.sls", "a b", "~x"])
+def test_a_printable_name_is_safe(name):
+    assert safefs.unsafe_name(name) is None
