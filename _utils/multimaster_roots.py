@@ -87,12 +87,12 @@ def _delete_all(root, pair, report):
 
 
 def _write_all(reader, root, pair, report):
-    synced_dirs = set()
+    batch = multimaster_safefs.Batch()
     for entry in pair.get("write") or []:
         blocks = reader.blocks(entry["size"])
         try:
             multimaster_safefs.write_file(
-                root, entry["path"], blocks, entry["mode"], entry["sha256"], synced_dirs
+                root, entry["path"], blocks, entry["mode"], entry["sha256"], batch
             )
             report["written"] += 1
             report["bytes"] += entry["size"]
@@ -102,7 +102,7 @@ def _write_all(reader, root, pair, report):
         for _ in blocks:
             pass
     try:
-        multimaster_safefs.sync_dirs(root, synced_dirs)
+        multimaster_safefs.make_durable(root, batch)
     except OSError as exc:
         report["failed"].append(_failure(root, pair, "syncing the directories written", exc))
 

@@ -256,12 +256,27 @@ def _open_dir(root, parts, create):
     return fd
 
 
-def write_file(root, relpath, blocks, mode, expect_sha256=None, synced_dirs=None):
+class Batch:
+    """
+    What a batch of ``write_file`` calls leaves for ``make_durable``: the directories whose
+    entries changed (tuples of path parts below the root, ``()`` the root itself), and whether
+    a new file was renamed in before its content was on disk.
+    """
+
+    def __init__(self):
+        self.dirs = set()
+        self.unsynced = False
+
+
+def write_file(root, relpath, blocks, mode, expect_sha256=None, batch=None):
     """
     Write ``relpath`` below ``root`` atomically from ``blocks`` (an iterable of bytes) with
     ``mode``; returns the SHA-256 written. Never writes through a symlink or outside ``root``.
-    The file is fsync'd before the rename, its directory after it (or later, by ``sync_dirs``,
-    when ``synced_dirs`` collects it).
+    The file is fsync'd before the rename, its directory after it. In a ``batch``, the
+    directory is synced later by ``make_durable``, and so is a new file's content: a file that
+    replaces one always has its content on disk before the rename, so a crash never leaves an
+    empty file where a good one was (a new file a crash cut short differs from the primary's,
+    and the next sync writes it again).
 
     root
         The destination root directory.
@@ -279,13 +294,14 @@ def write_file(root, relpath, blocks, mode, expect_sha256=None, synced_dirs=None
         When given, the content must hash to it or nothing is renamed into place
         (``SafeFsError``).
 
-    synced_dirs
-        A set to add the file's directory to (a tuple of its parts) instead of fsyncing it
-        now: a caller writing many files syncs each directory once.
+    batch
+        A ``Batch`` that collects what is left to sync: a caller writing many files syncs
+        them once, at the end.
     """
     *dirs, name = check_relpath(relpath)
     dfd = _open_dir(root, dirs, create=True)
     tmp = f"{_TMP_PREFIX}{os.urandom(6).hex()}"
+    deferred = batch is not None and not _exists(name, dfd)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
         digest_ = hashlib.sha256()
@@ -296,7 +312,8 @@ def write_file(root, relpath, blocks, mode, expect_sha256=None, synced_dirs=None
                     handle.write(block)
                 handle.flush()
                 os.fchmod(handle.fileno(), mode & 0o777)
-                os.fsync(handle.fileno())
+                if not deferred:
+                    os.fsync(handle.fileno())
             if expect_sha256 is not None and digest_.hexdigest() != expect_sha256:
                 raise SafeFsError(relpath, "content changed during the sync; run it again")
             os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
@@ -306,27 +323,40 @@ def write_file(root, relpath, blocks, mode, expect_sha256=None, synced_dirs=None
             except FileNotFoundError:
                 pass
             raise
-        if synced_dirs is None:
+        if batch is None:
             os.fsync(dfd)
         else:
-            synced_dirs.add(tuple(dirs))
+            batch.dirs.add(tuple(dirs))
+            batch.unsynced = batch.unsynced or deferred
         return digest_.hexdigest()
     finally:
         os.close(dfd)
 
 
-def sync_dirs(root, dirs):
+def _exists(name, dir_fd):
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def make_durable(root, batch):
     """
-    fsync each directory of ``dirs`` below ``root`` (walked as ``write_file`` walks it): the
-    renames ``write_file`` made there are on disk.
+    Put on disk what the ``write_file`` calls of ``batch`` below ``root`` left: one ``sync``
+    when a new file's content is not there yet (it takes the directories too), else an fsync
+    of each directory (walked as ``write_file`` walks it).
 
     root
         The root directory.
 
-    dirs
-        Tuples of path parts below ``root`` (``()`` is the root itself).
+    batch
+        The ``Batch`` those writes filled.
     """
-    for parts in sorted(dirs):
+    if batch.unsynced:
+        os.sync()
+        return
+    for parts in sorted(batch.dirs):
         fd = _open_dir(root, list(parts), create=False)
         try:
             os.fsync(fd)

@@ -94,15 +94,35 @@ def test_content_that_does_not_match_its_manifest_is_not_renamed_into_place(tmp_
 
 
 def test_a_batch_of_writes_syncs_each_directory_once_and_never_through_a_link(tmp_path):
-    synced = set()
-    for rel in ("a/b/one.sls", "a/b/two.sls", "top.sls"):
-        safefs.write_file(tmp_path, rel, [b"x"], 0o644, synced_dirs=synced)
-    assert synced == {("a", "b"), ()}
-    safefs.sync_dirs(tmp_path, synced)
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "one.sls").write_text("old\n")
+    (tmp_path / "top.sls").write_text("old\n")
+    batch = safefs.Batch()
+    for rel in ("a/b/one.sls", "top.sls"):
+        safefs.write_file(tmp_path, rel, [b"x"], 0o644, batch=batch)
+    assert batch.dirs == {("a", "b"), ()} and not batch.unsynced
+    safefs.make_durable(tmp_path, batch)
     (tmp_path / "a" / "b").rename(tmp_path / "a" / "moved")
     (tmp_path / "a" / "b").symlink_to("/etc")
     with pytest.raises(safefs.SafeFsError, match="not a plain directory"):
-        safefs.sync_dirs(tmp_path, {("a", "b")})
+        safefs.make_durable(tmp_path, batch)
+
+
+def test_only_a_new_file_of_a_batch_waits_for_the_batch_to_reach_the_disk(tmp_path, monkeypatch):
+    (tmp_path / "old.sls").write_text("old\n")
+    (tmp_path / "new").mkdir()
+    synced, flushed = [], []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    monkeypatch.setattr(os, "sync", lambda: flushed.append(True))
+    batch = safefs.Batch()
+    safefs.write_file(tmp_path, "old.sls", [b"new\n"], 0o644, batch=batch)
+    assert len(synced) == 1 and not batch.unsynced  # the replacing file, before its rename
+    safefs.write_file(tmp_path, "new/one.sls", [b"new\n"], 0o644, batch=batch)
+    assert len(synced) == 1 and batch.unsynced
+    safefs.make_durable(tmp_path, batch)
+    assert flushed == [True]
+    assert (tmp_path / "new" / "one.sls").read_text() == "new\n"
 
 
 def test_set_mode_never_changes_a_file_another_hard_link_shares(tmp_path):
