@@ -803,10 +803,11 @@ class ContentPull:
                 and {"error", "offset", "done"} & set(answer)
             ):
                 return answer
-            if offset:
-                return {"error": f"the file server stopped serving the transfer at {offset}"}
-            # Salt's answer for a path no backend has, or a Salt that signs no id into the
-            # request for a ticket that needs one: pull the same ticket by peer_run.
+            # Salt's answer for a path no backend has (a master not restarted since its
+            # backends named ``multimaster``, or a worker of it that has not loaded the
+            # backend: a stream can meet one mid-way), or a Salt that signs no id into the
+            # request for a ticket that needs one: the same ticket, from this offset on, by
+            # peer_run, which serves it to its recipient alone.
             self.via = "peer_run"
         return self._peer_run(ticket, offset)
 

@@ -187,10 +187,18 @@ def test_the_peer_falls_back_to_peer_run_where_the_file_server_does_not_serve(pe
     assert peer.calls == [("fileserver", 0), ("peer_run", 0), ("peer_run", 4)]
 
 
-def test_the_peer_pulls_through_the_file_server_and_never_falls_back_mid_stream(peer):
-    answers = {0: {"bytes": b"x", "offset": 0, "size": 2}, 1: {"data": "", "dest": ""}}
+def test_a_stream_the_file_server_stops_serving_mid_way_goes_on_by_peer_run(peer):
+    # A master worker that has not loaded the backend answers as Salt does for a missing path.
+    answers = {0: {"bytes": b"x", "offset": 0, "size": 3}, 1: {"data": "", "dest": ""}}
     pull = peer.pull()
     pull._fileserver_pull = lambda t, o: answers[o]
     assert pull("t1", 0)["bytes"] == b"x"
-    assert "stopped serving" in pull("t1", 1)["error"]
+    assert pull("t1", 1) == {"o": 1} and pull("t1", 2) == {"o": 2}
+    assert pull.via == "peer_run" and peer.calls == [("peer_run", 1), ("peer_run", 2)]
+
+
+def test_a_refusal_of_the_file_server_is_never_retried_by_peer_run(peer):
+    pull = peer.pull()
+    pull._fileserver_pull = lambda t, o: {"error": "unknown or used ticket: refusing a replay"}
+    assert pull("t1", 0)["error"].startswith("unknown or used ticket")
     assert pull.via == "fileserver" and peer.calls == []
