@@ -40,6 +40,33 @@ CACHE_LOOK_INTERVAL = 1.0
 QUICK_FIND_JOB = 2
 
 
+def cmd(client, tgt, fun, timeout, arg=(), kwarg=None, tgt_type="glob", full_return=False):
+    """
+    ``client.cmd(tgt, fun, ...)`` of a ``LocalClient`` with the publish given the master's
+    ``publish_timeout`` and only the wait for answers ``timeout`` seconds (a minion still running
+    the job is asked with ``QUICK_FIND_JOB``). ``LocalClient.cmd`` gives its own publish request
+    the job's timeout too: a master busy with other requests for a few seconds then fails a 3 s
+    poll with "The master is not responding". Minions that did not answer map to False, as
+    ``cmd`` gives them.
+    """
+    was_listening = client.event.cpub
+    try:
+        pub = client.run_job(tgt, fun, arg, tgt_type, kwarg=kwarg, listen=True)
+        if not pub:
+            return {}
+        ret = {}
+        for item in client.get_cli_event_returns(
+            pub["jid"], pub["minions"], timeout, tgt, tgt_type, gather_job_timeout=QUICK_FIND_JOB
+        ):
+            for minion, data in (item or {}).items():
+                ret[minion] = data if full_return else data.get("ret", {})
+        ret.update({minion: False for minion in set(pub["minions"]) - set(ret)})
+        return ret
+    finally:
+        if not was_listening:
+            client.event.close_pub()
+
+
 def _from_cache(client, jid, missing):
     getter = client.returners[f"{client.opts['master_job_cache']}.get_jid"]
     try:
@@ -70,9 +97,8 @@ def cmd_returns(client, minions, fun, kwarg=None, timeout=None, find_job_timeout
     timeout rules (``timeout``, extended while ``saltutil.find_job`` finds the job running;
     ``find_job_timeout`` overrides the master's ``gather_job_timeout`` for that check).
     """
-    pub = client.run_job(
-        list(minions), fun, kwarg=kwarg or {}, tgt_type="list", timeout=timeout, listen=True
-    )
+    # The publish may take the master's ``publish_timeout`` (see ``cmd``).
+    pub = client.run_job(list(minions), fun, kwarg=kwarg or {}, tgt_type="list", listen=True)
     if not pub or not pub.get("jid"):
         return {}
     jid, expected = pub["jid"], set(pub.get("minions") or [])

@@ -66,13 +66,13 @@ def minions_verifying(config_dir, timeout=5):
     that says yes and does not verify cuts itself off.
     """
     with salt.client.get_local_client(os.path.join(config_dir, "master")) as client:
-        returns = client.cmd(
+        returns = multimaster_returns.cmd(
+            client,
             "*",
             "config.get",
-            ["verify_master_pubkey_sign"],
-            timeout=int(timeout),
+            int(timeout),
+            arg=["verify_master_pubkey_sign"],
             full_return=True,
-            gather_job_timeout=multimaster_returns.QUICK_FIND_JOB,
         )
     # Salt lists a targeted minion that did not return as False, or as a "no_return" entry.
     return {
@@ -422,13 +422,8 @@ def take_ahead(run, pub, timeout):
     kwarg = {"pub": pub, "signature": sign_key(signing_pem, pub)}
     del signing_pem
     with salt.client.get_local_client(run.opts["conf_file"]) as client:
-        returns = client.cmd(
-            "*",
-            "multimaster.take_master_key",
-            kwarg=kwarg,
-            timeout=int(timeout),
-            full_return=True,
-            gather_job_timeout=multimaster_returns.QUICK_FIND_JOB,
+        returns = multimaster_returns.cmd(
+            client, "*", "multimaster.take_master_key", int(timeout), kwarg=kwarg, full_return=True
         )
     fp = multimaster_keys.fingerprint(pub)
     return {

@@ -147,13 +147,7 @@ def wait_minions(run, tgt="*", timeout=180, interval=2):
     start, silent = time.monotonic(), set(expected)
     with salt.client.get_local_client(run.opts["conf_file"]) as client:
         while True:
-            answered = client.cmd(
-                sorted(silent),
-                SETTLED,
-                tgt_type="list",
-                timeout=5,
-                gather_job_timeout=multimaster_returns.QUICK_FIND_JOB,
-            )
+            answered = multimaster_returns.cmd(client, sorted(silent), SETTLED, 5, tgt_type="list")
             silent -= {m for m, ret in (answered or {}).items() if _settled(ret)}
             waited = round(time.monotonic() - start, 1)
             if not silent:

@@ -104,15 +104,15 @@ def applied(run, targets, sls, timeout, pillar=None):
         return {}
     kwarg = {"pillar": pillar} if pillar else {}
     with salt.client.get_local_client(run.opts["conf_file"]) as client:
-        returns = client.cmd(
+        returns = multimaster_returns.cmd(
+            client,
             list(targets),
             "state.apply",
-            [sls],
-            tgt_type="list",
+            int(timeout),
+            arg=[sls],
             kwarg=kwarg,
-            timeout=int(timeout),
+            tgt_type="list",
             full_return=True,
-            gather_job_timeout=multimaster_returns.QUICK_FIND_JOB,
         )
     problems = {m: state_problem((returns or {}).get(m)) for m in targets}
     return {m: p for m, p in problems.items() if p}
@@ -242,13 +242,7 @@ def gone_quiet(run, minions, timeout=60):
     answering = list(minions)
     while answering and time.monotonic() < deadline:
         with salt.client.get_local_client(run.opts["conf_file"]) as client:
-            returns = client.cmd(
-                answering,
-                "test.ping",
-                tgt_type="list",
-                timeout=3,
-                gather_job_timeout=multimaster_returns.QUICK_FIND_JOB,
-            )
+            returns = multimaster_returns.cmd(client, answering, "test.ping", 3, tgt_type="list")
         answering = sorted(m for m, ret in (returns or {}).items() if ret is True)
         if answering:
             time.sleep(1)
@@ -268,12 +262,12 @@ def restart_peers(run, section, timeout):
         run.progress(f"{master}: restarting to sign")
         minion = multimaster_control.by_id(section)[master]["minion_id"]
         with salt.client.get_local_client(run.opts["conf_file"]) as client:
-            returns = client.cmd(
+            returns = multimaster_returns.cmd(
+                client,
                 minion,
                 "multimaster_daemons.restart_master_now",
-                timeout=int(timeout),
+                int(timeout),
                 full_return=True,
-                gather_job_timeout=multimaster_returns.QUICK_FIND_JOB,
             )
         reports[master] = peer_restart_report(minion, (returns or {}).get(minion))
     return reports

@@ -63,12 +63,7 @@ def ping_minions(config_dir, timeout=5):
     import salt.client
 
     with salt.client.get_local_client(os.path.join(config_dir, "master")) as client:
-        returns = client.cmd(
-            "*",
-            "test.ping",
-            timeout=int(timeout),
-            gather_job_timeout=multimaster_returns.QUICK_FIND_JOB,
-        )
+        returns = multimaster_returns.cmd(client, "*", "test.ping", int(timeout))
     return sorted(minion for minion, ret in returns.items() if ret is True)
 
 

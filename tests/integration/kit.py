@@ -144,22 +144,23 @@ class DaemonSet:
         in_threads(stop, factories)
 
 
-def sync_minions(master, minions, salt_timeout=None, timeout=300, check=False):
+def sync_minions(master, minions, salt_timeout=60, timeout=300, check=False):
     """
     ``salt saltutil.sync_all`` through ``master`` on ``minions`` (factories, or a glob), as a
     user syncs the formula: it must succeed; ``check`` (factories only): each minion synced the
-    execution module.
+    execution module. ``--static`` runs as a batch whose first step pings the target and drops
+    whoever has not answered within ``salt_timeout``; a minion just started can take longer than
+    Salt's default 5 s on a loaded host, so wait longer (the ping ends once every one answered).
     """
     assert not (check and isinstance(minions, str)), "check needs the minion factories"
     if isinstance(minions, str):
         target = [minions]
     else:
         target = ["-L", ",".join(m.id for m in minions)]
-    timeout_arg = [f"--timeout={salt_timeout}"] if salt_timeout else []
     ret = keytools.run_cli(
         "salt",
         master.config_dir,
-        *timeout_arg,
+        f"--timeout={salt_timeout}",
         "--static",
         *target,
         "saltutil.sync_all",

@@ -1519,12 +1519,13 @@ def test_wait_minions_waits_out_a_pending_minion_restart(runner, monkeypatch):
         def __exit__(self, *exc):
             return False
 
-        def cmd(self, tgt, fun, tgt_type=None, timeout=None, gather_job_timeout=None):
-            asked.append((tgt, fun))
-            return next(rounds)
+    def cmd(client, tgt, fun, timeout, tgt_type=None):
+        asked.append((tgt, fun))
+        return next(rounds)
 
     monkeypatch.setattr(salt.utils.minions, "CkMinions", TwoMinions)
     monkeypatch.setattr(salt.client, "get_local_client", lambda *a, **k: Client())
+    monkeypatch.setattr(multimaster_returns, "cmd", cmd)
     ret = runner.wait_minions(interval=0)
     assert ret["retcode"] == 0 and ret["comment"] == "2 minions answer", ret
     assert (

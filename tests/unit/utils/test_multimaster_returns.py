@@ -1,7 +1,8 @@
 """
-The return collector: a return the event stream never delivers (Salt 3007's event client can
-leave it in its read buffer) is read from the master's job cache; returns the events deliver are
-taken as they come; the publish's subscriptions are cleaned up.
+The publish helper: the publish request waits the master's ``publish_timeout``, only the wait
+for answers is the caller's. The return collector: a return the event stream never delivers
+(Salt 3007's event client can leave it in its read buffer) is read from the master's job cache;
+returns the events deliver are taken as they come; the publish's subscriptions are cleaned up.
 """
 
 import multimaster_returns as returns
@@ -28,7 +29,8 @@ class Client:
         return self.cache
 
     def run_job(self, tgt, fun, kwarg=None, tgt_type=None, timeout=None, listen=False):
-        assert tgt_type == "list" and listen
+        # No timeout: the publish gets the master's publish_timeout, whatever the wait.
+        assert tgt_type == "list" and listen and timeout is None
         return {"jid": "j1", "minions": self.minions}
 
     def get_iter_returns(self, jid, minions, **kwargs):
@@ -109,3 +111,41 @@ def test_a_poll_s_find_job_round_is_short_and_other_calls_keep_the_master_s():
     called = Client([{"cm1": {"ret": True, "retcode": 0, "jid": "j1"}}], {}, minions=["cm1"])
     returns.cmd_returns(called, ["cm1"], "multimaster_peer.apply_roots", timeout=300)
     assert "gather_job_timeout" not in called.iter_kwargs
+
+
+class PollClient:
+    """
+    A LocalClient for ``returns.cmd``: the publish targets ``minions``; ``answers`` come on the
+    event stream; records how it was called.
+    """
+
+    def __init__(self, minions, answers):
+        self.minions, self.answers = minions, answers
+        self.event = type("Event", (), {"cpub": False, "close_pub": lambda self: None})()
+        self.calls = {}
+
+    def run_job(self, tgt, fun, arg=(), tgt_type="glob", ret="", timeout=None, **kwargs):
+        self.calls["run_job"] = {"tgt": tgt, "fun": fun, "arg": arg, "timeout": timeout, **kwargs}
+        return {"jid": "j1", "minions": self.minions}
+
+    def get_cli_event_returns(self, jid, minions, timeout, tgt, tgt_type, **kwargs):
+        self.calls["wait"] = {"timeout": timeout, **kwargs}
+        yield from ({minion: ret} for minion, ret in self.answers.items())
+
+
+def test_a_poll_publishes_with_the_master_s_publish_timeout_and_waits_its_own():
+    client = PollClient(["web1", "web2"], {"web1": {"ret": True, "retcode": 0}})
+    got = returns.cmd(client, "*", "test.ping", 3)
+    assert got == {"web1": True, "web2": False}
+    # The publish request: no timeout of its own, so LocalClient.pub takes publish_timeout.
+    assert client.calls["run_job"]["timeout"] is None and client.calls["run_job"]["listen"]
+    assert client.calls["wait"] == {"timeout": 3, "gather_job_timeout": returns.QUICK_FIND_JOB}
+
+
+def test_a_poll_s_full_returns_and_arguments_are_passed_through():
+    client = PollClient(["web1"], {"web1": {"ret": "x", "retcode": 0}})
+    got = returns.cmd(
+        client, ["web1"], "config.get", 5, arg=["k"], tgt_type="list", full_return=True
+    )
+    assert got == {"web1": {"ret": "x", "retcode": 0}}
+    assert client.calls["run_job"]["arg"] == ["k"]

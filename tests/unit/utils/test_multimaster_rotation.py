@@ -229,22 +229,23 @@ def test_a_minion_that_did_not_return_to_a_master_is_not_counted_there(monkeypat
         def __exit__(self, *_):
             return False
 
-        def cmd(self, tgt, fun, arg, timeout, full_return, gather_job_timeout):
-            assert (tgt, fun, arg, full_return) == (
-                "*",
-                "config.get",
-                ["verify_master_pubkey_sign"],
-                True,
-            )
-            return {
-                "web1": {"ret": True, "retcode": 0},
-                "web2": False,
-                "web3": {"ret": "", "retcode": 0},
-                "web4": {"ret": False, "retcode": 0},
-                "web5": {"out": "no_return", "ret": "Minion did not return. [No response]"},
-            }
+    def cmd(client, tgt, fun, timeout, arg, full_return):
+        assert (tgt, fun, arg, full_return) == (
+            "*",
+            "config.get",
+            ["verify_master_pubkey_sign"],
+            True,
+        )
+        return {
+            "web1": {"ret": True, "retcode": 0},
+            "web2": False,
+            "web3": {"ret": "", "retcode": 0},
+            "web4": {"ret": False, "retcode": 0},
+            "web5": {"out": "no_return", "ret": "Minion did not return. [No response]"},
+        }
 
     monkeypatch.setattr("salt.client.get_local_client", lambda path: Client())
+    monkeypatch.setattr(multimaster_rotation.multimaster_returns, "cmd", cmd)
     said = multimaster_rotation.minions_verifying("/etc/salt")
     assert said == {"web1": True, "web3": False, "web4": False}
 
