@@ -7,13 +7,16 @@ import pytest
 
 from toolkit import hosts as nshosts
 
+# Log lines per daemon a failed test's report ends with.
+LOG_TAIL = 40
+
 
 @pytest.fixture(scope="module")
 def host_set(request):
     """
     The module's ``HOSTS`` (name -> address) as separate hosts (named with its ``PREFIX``, default
-    ``mm``, on its ``SUBNET``, default ``10.0.3``), removed after the module; on a failure the
-    daemons' logs are printed first.
+    ``mm``, on its ``SUBNET``, default ``10.0.3``), removed after the module. A failed test's
+    report ends with the daemons' logs (``pytest_runtest_makereport``).
     """
     hosts = nshosts.HostSet(
         [nshosts.Host(n, a) for n, a in request.module.HOSTS.items()],
@@ -22,10 +25,25 @@ def host_set(request):
     )
     hosts.up()
     yield hosts
-    for host in hosts:
-        for log in ("master", "minion"):
-            print(f"--- {host.name} /var/log/salt/{log}\n{host.log(log, tail=40)}")
     hosts.down()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """
+    A host test that fails (or whose setup does) shows the end of each host's Salt logs in its
+    report, read before the module's hosts are removed: what a CI log needs to tell a daemon's
+    failure from the test's.
+    """
+    report = yield
+    hosts = getattr(item, "funcargs", {}).get("host_set")
+    if report.failed and isinstance(hosts, nshosts.HostSet):
+        for host in hosts:
+            for log in ("master", "minion"):
+                report.sections.append(
+                    (f"{host.name} /var/log/salt/{log}", host.log(log, tail=LOG_TAIL))
+                )
+    return report
 
 
 def pytest_collection_modifyitems(items):
