@@ -7,8 +7,9 @@ import pytest
 
 from toolkit import hosts as nshosts
 
-# Log lines per daemon a failed test's report ends with.
-LOG_TAIL = 40
+# Log lines per daemon a failed test's report ends with: about 30 s of a minion logging at info
+# while it is pinged once a second from two masters.
+LOG_TAIL = 150
 
 
 @pytest.fixture(scope="module")
