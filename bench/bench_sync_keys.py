@@ -8,8 +8,9 @@ the median of ``--repeat`` turns (each turn printed):
 
 - floor: ``salt -L <peer control minions> test.ping`` (one publish round trip, CLI included);
 - full: the first ``sync_keys`` (every key copied to both peers); before each turn the peers
-  are stopped, their key stores and their record of held keys emptied, and started again,
-  and the turn starts once the disk has gone quiet (``benchlab.quiet_disk``);
+  are stopped, given new empty key stores (the old ones moved aside, deleted after the last
+  turn) and an empty record of held keys, and started again, and the turn starts once the
+  disk has gone quiet (``benchlab.quiet_disk``);
 - no-op: ``sync_keys`` again (digests only);
 - 100 changes: 50 new accepted and 50 accepted keys rejected on the primary, then
   ``sync_keys`` (other keys each turn);
@@ -92,43 +93,53 @@ def accepted_count(mid):
     return len(listed.get("minions", []))
 
 
-def emptied_peers():
+def emptied_peers(turn):
     """
-    Stop the peers (master and control minion), empty their key stores and their record of the
-    keys they held, and start them again: the next ``sync_keys`` is a first one.
+    Stop the peers (master and control minion), give them new empty key stores and an empty
+    record of the keys they held, and start them again: the next ``sync_keys`` is a first one.
+    The old stores are moved aside, not deleted: a first sync meets a new master's disk, not
+    one that has just deleted 200,000 key files (on this machine's disk that halves the speed
+    of the writes that follow, see bench/README.md); ``deleted_old_stores`` removes them.
     """
     devkit.stop_pids([master_pid(mid) for mid in PEERS] + list(map(LAB.control_minion_pid, PEERS)))
     for mid in PEERS:
-        pki = LAB.pki(mid)
+        pki, aside = LAB.pki(mid), LAB.path(mid, "old-stores", f"turn{turn}")
+        os.makedirs(aside)
         for name in os.listdir(pki):
-            path = os.path.join(pki, name)
-            if name.startswith("minions"):
-                shutil.rmtree(path)
-                os.makedirs(path)
-            elif name.startswith(".mmap_"):
-                os.remove(path)
+            if name.startswith(("minions", ".mmap_")):
+                os.rename(os.path.join(pki, name), os.path.join(aside, name))
+                if name.startswith("minions"):
+                    os.makedirs(os.path.join(pki, name))
         shutil.rmtree(LAB.path(mid, "var", "cache", "salt", "master", "multimaster"), True)
         LAB.cli("salt-master", mid, "-d")
         devkit.salt_cli("salt-minion", LAB.path(f"{mid}-minion"), "-d", out=None)
     LAB.wait("the peers' control minions", lambda: LAB.peer_ping().stdout.count("True") == 2)
 
 
+def deleted_old_stores():
+    """Delete the key stores ``emptied_peers`` moved aside, and wait for the disk to go quiet."""
+    for mid in PEERS:
+        shutil.rmtree(LAB.path(mid, "old-stores"), ignore_errors=True)
+    quiet_disk(LAB.path("master2"), timeout=600)
+
+
 def full_syncs(keys, repeat):
     """
-    ``repeat`` first syncs, each into emptied peers, each checked to have copied every key.
-    Each turn starts once the disk has gone quiet: emptying 200,000 key files, or writing the
-    primary's, is still being flushed for a while and would slow only the turns after it.
+    ``repeat`` first syncs, each into new empty peer stores, each checked to have copied every
+    key. Each turn starts once the disk has gone quiet: writing the keys of the turn before is
+    still being flushed for a while and would slow only the turns after it.
     """
     turns = []
     for turn in range(repeat):
         if turn:
-            emptied_peers()
+            emptied_peers(turn)
         quiet_disk(LAB.path("master2"))
         turns.append(sync())
         for mid in PEERS:
             count = accepted_count(mid)
             if count < keys:
                 raise SystemExit(f"{mid} holds {count} accepted keys after the full sync")
+    deleted_old_stores()
     return turns
 
 

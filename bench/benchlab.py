@@ -34,14 +34,15 @@ def write(path, text):
 
 def _disk_counters(dev):
     # /proc/diskstats: major minor name, reads completed ... writes completed (8th field),
-    # sectors written (10th), I/Os in flight (12th).
+    # sectors written (10th), I/Os in flight (12th), discards completed (15th, where the kernel
+    # counts them: a delete on a disk mounted with `discard` goes on discarding after it).
     major, minor = str(os.major(dev)), str(os.minor(dev))
     try:
         with open("/proc/diskstats", encoding="ascii") as handle:
             for line in handle:
                 fields = line.split()
                 if fields[:2] == [major, minor]:
-                    return fields[7], fields[9], fields[11]
+                    return fields[7], fields[9], fields[11], fields[14:15]
     except OSError:
         pass
     return None
