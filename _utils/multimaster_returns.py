@@ -21,6 +21,7 @@ minion's answer only when it is signed with that minion's key for the runner's n
 id, so a forgery that came first is refused, not replaced by the genuine answer.
 """
 
+import contextlib
 import logging
 import time
 
@@ -40,14 +41,37 @@ CACHE_LOOK_INTERVAL = 1.0
 QUICK_FIND_JOB = 2
 
 
+@contextlib.contextmanager
+def patient_find_job(client):
+    """
+    While in the block, ``client`` (a ``LocalClient``) publishes the ``saltutil.find_job`` of a
+    wait with the master's ``publish_timeout``; the wait for its answers keeps its own
+    ``gather_job_timeout``. Salt gives that publish request the ``gather_job_timeout`` too (2 s
+    in a poll): a master busy for 2 s, as with a find_job to 2,000 silent minions on a loaded
+    host, fails the whole wait with "The master is not responding" although it took the job.
+    """
+    original = client.gather_job_info
+    publish_timeout = client.opts.get("publish_timeout", 30)
+
+    def gather_job_info(jid, tgt, tgt_type, listen=True, **kwargs):
+        kwargs["gather_job_timeout"] = publish_timeout
+        return original(jid, tgt, tgt_type, listen=listen, **kwargs)
+
+    client.gather_job_info = gather_job_info
+    try:
+        yield client
+    finally:
+        del client.gather_job_info
+
+
 def cmd(client, tgt, fun, timeout, arg=(), kwarg=None, tgt_type="glob", full_return=False):
     """
     ``client.cmd(tgt, fun, ...)`` of a ``LocalClient`` with the publish given the master's
     ``publish_timeout`` and only the wait for answers ``timeout`` seconds (a minion still running
-    the job is asked with ``QUICK_FIND_JOB``). ``LocalClient.cmd`` gives its own publish request
-    the job's timeout too: a master busy with other requests for a few seconds then fails a 3 s
-    poll with "The master is not responding". Minions that did not answer map to False, as
-    ``cmd`` gives them.
+    the job is asked with ``QUICK_FIND_JOB``, published as ``patient_find_job`` says).
+    ``LocalClient.cmd`` gives its own publish request the job's timeout too: a master busy with
+    other requests for a few seconds then fails a 3 s poll with "The master is not responding".
+    Minions that did not answer map to False, as ``cmd`` gives them.
     """
     was_listening = client.event.cpub
     try:
@@ -55,11 +79,11 @@ def cmd(client, tgt, fun, timeout, arg=(), kwarg=None, tgt_type="glob", full_ret
         if not pub:
             return {}
         ret = {}
-        for item in client.get_cli_event_returns(
-            pub["jid"], pub["minions"], timeout, tgt, tgt_type, gather_job_timeout=QUICK_FIND_JOB
-        ):
-            for minion, data in (item or {}).items():
-                ret[minion] = data if full_return else data.get("ret", {})
+        wait = (pub["jid"], pub["minions"], timeout, tgt, tgt_type)
+        with patient_find_job(client):
+            for item in client.get_cli_event_returns(*wait, gather_job_timeout=QUICK_FIND_JOB):
+                for minion, data in (item or {}).items():
+                    ret[minion] = data if full_return else data.get("ret", {})
         ret.update({minion: False for minion in set(pub["minions"]) - set(ret)})
         return ret
     finally:
@@ -102,7 +126,6 @@ def cmd_returns(client, minions, fun, kwarg=None, timeout=None, find_job_timeout
     if not pub or not pub.get("jid"):
         return {}
     jid, expected = pub["jid"], set(pub.get("minions") or [])
-    returns = {}
     find_job = {"gather_job_timeout": find_job_timeout} if find_job_timeout else {}
     events = client.get_iter_returns(
         jid,
@@ -113,24 +136,34 @@ def cmd_returns(client, minions, fun, kwarg=None, timeout=None, find_job_timeout
         block=False,
         **find_job,
     )
-    interval = CACHE_LOOK_FIRST
-    next_look = time.monotonic() + interval
     try:
-        for item in events:
-            if item:
-                returns.update({k: v for k, v in item.items() if "ret" in v})
-            elif time.monotonic() >= next_look:
-                returns.update(_from_cache(client, jid, expected - set(returns)))
-                interval = min(interval * 1.5, CACHE_LOOK_INTERVAL)
-                next_look = time.monotonic() + interval
-            else:
-                # ``block=False`` yields at once when nothing came: pace the loop as ``cmd`` does.
-                time.sleep(0.01)
-            if expected <= set(returns):
-                break
+        with patient_find_job(client):
+            return _collected(client, events, jid, expected)
     finally:
         events.close()
         client._clean_up_subscriptions(jid)  # noqa: SLF001  (what cmd_iter does on its way out)
+
+
+def _collected(client, events, jid, expected):
+    """
+    ``{minion id: return}`` from ``events`` until every ``expected`` minion answered or they
+    end, the job cache read for the missing ones whenever the stream stays idle.
+    """
+    returns = {}
+    interval = CACHE_LOOK_FIRST
+    next_look = time.monotonic() + interval
+    for item in events:
+        if item:
+            returns.update({k: v for k, v in item.items() if "ret" in v})
+        elif time.monotonic() >= next_look:
+            returns.update(_from_cache(client, jid, expected - set(returns)))
+            interval = min(interval * 1.5, CACHE_LOOK_INTERVAL)
+            next_look = time.monotonic() + interval
+        else:
+            # ``block=False`` yields at once when nothing came: pace the loop as ``cmd`` does.
+            time.sleep(0.01)
+        if expected <= set(returns):
+            break
     return returns
 
 

@@ -1409,6 +1409,9 @@ def test_a_forgery_that_answers_first_in_the_return_stream_is_refused(runner, mo
                 if found >= set(minions):
                     return
 
+        def gather_job_info(self, jid, tgt, tgt_type, listen=True, **kwargs):
+            return {}
+
         def _clean_up_subscriptions(self, jid):
             pass
 

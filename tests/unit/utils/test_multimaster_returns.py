@@ -16,7 +16,7 @@ class Client:
     """
 
     def __init__(self, events, cache, minions=("cm1", "cm2")):
-        self.opts = {"master_job_cache": "local_cache"}
+        self.opts = {"master_job_cache": "local_cache", "publish_timeout": 30}
         self.events, self.cache, self.minions = events, cache, list(minions)
         self.cache_reads = 0
         self.cleaned = []
@@ -33,9 +33,16 @@ class Client:
         assert tgt_type == "list" and listen and timeout is None
         return {"jid": "j1", "minions": self.minions}
 
+    def gather_job_info(self, jid, tgt, tgt_type, listen=True, **kwargs):
+        return {}
+
     def get_iter_returns(self, jid, minions, **kwargs):
         assert kwargs["block"] is False
         self.iter_kwargs = kwargs
+        # As Salt's does for minions still missing at the timeout: the find_job publish.
+        named = ("timeout", "tgt", "tgt_type", "block")
+        extra = {k: v for k, v in kwargs.items() if k not in named}
+        self.find_job = self.gather_job_info(jid, list(minions), "list", **extra)
         yield from self.events
         for _ in range(200):
             yield None
@@ -122,7 +129,13 @@ class PollClient:
     def __init__(self, minions, answers):
         self.minions, self.answers = minions, answers
         self.event = type("Event", (), {"cpub": False, "close_pub": lambda self: None})()
+        self.opts = {"publish_timeout": 30}
         self.calls = {}
+
+    def gather_job_info(self, jid, tgt, tgt_type, listen=True, **kwargs):
+        # Salt's: publishes saltutil.find_job with timeout=gather_job_timeout.
+        self.calls["find_job"] = {"tgt": tgt, "timeout": kwargs.get("gather_job_timeout")}
+        return {"jid": "j2"}
 
     def run_job(self, tgt, fun, arg=(), tgt_type="glob", ret="", timeout=None, **kwargs):
         self.calls["run_job"] = {"tgt": tgt, "fun": fun, "arg": arg, "timeout": timeout, **kwargs}
@@ -131,6 +144,9 @@ class PollClient:
     def get_cli_event_returns(self, jid, minions, timeout, tgt, tgt_type, **kwargs):
         self.calls["wait"] = {"timeout": timeout, **kwargs}
         yield from ({minion: ret} for minion, ret in self.answers.items())
+        silent = sorted(set(minions) - set(self.answers))
+        if silent:
+            self.gather_job_info(jid, silent, "list", **kwargs)
 
 
 def test_a_poll_publishes_with_the_master_s_publish_timeout_and_waits_its_own():
@@ -149,3 +165,23 @@ def test_a_poll_s_full_returns_and_arguments_are_passed_through():
     )
     assert got == {"web1": {"ret": "x", "retcode": 0}}
     assert client.calls["run_job"]["arg"] == ["k"]
+
+
+def test_the_find_job_publish_waits_the_master_s_publish_timeout_and_the_poll_stays_short():
+    client = PollClient(["web1", "web2"], {"web1": {"ret": True, "retcode": 0}})
+    assert returns.cmd(client, "*", "test.ping", 3) == {"web1": True, "web2": False}
+    # The find_job for the silent web2: its publish request may take publish_timeout (a busy
+    # master is not a master that is down), the wait for its answers stays QUICK_FIND_JOB.
+    assert client.calls["find_job"] == {"tgt": ["web2"], "timeout": 30}
+    assert client.calls["wait"]["gather_job_timeout"] == returns.QUICK_FIND_JOB
+    # The client is left as it was.
+    assert "gather_job_info" not in vars(client)
+
+
+def test_cmd_returns_publishes_its_find_job_patiently_too():
+    client = Client([{"cm1": {"ret": True, "retcode": 0, "jid": "j1"}}], {})
+    seen = {}
+    client.gather_job_info = lambda jid, tgt, tgt_type, listen=True, **kw: seen.update(kw) or {}
+    returns.cmd_returns(client, ["cm1"], "test.ping", timeout=3, find_job_timeout=2)
+    assert seen["gather_job_timeout"] == 30
+    assert client.iter_kwargs["gather_job_timeout"] == 2
