@@ -86,6 +86,16 @@ class Pinger:
         for thread in self.threads:
             thread.join()
 
+    def answered_since(self, since, master=None):
+        """
+        Whether a ping begun at or after ``since`` (``time.monotonic()``) was answered (by
+        ``master``, by name, or by any master). A ping is dated by its start: under load one
+        takes a few seconds (``salt-run`` starts, publishes, waits), so "the last answer is at
+        most N seconds old" would wait for what a slow ping can never give.
+        """
+        times = self.answered if master is None else self.answered_by[master]
+        return bool(times) and times[-1] >= since
+
     def longest_outage(self, master=None):
         """
         The longest time, in seconds, between two answers from any master (or from ``master``,

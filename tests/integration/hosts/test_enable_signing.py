@@ -92,11 +92,10 @@ def turned_on(host_set, answering):
     started = time.monotonic()
     with PidWatch(host_set) as pids, Pinger((master1, master2), "minion1") as pinger:
         code, data = run_json(master1, "salt-run multimaster.enable_signing", timeout=900)
+        enabled = time.monotonic()
         host_set.wait(
             f"minion1 to answer {', '.join(answering)}",
-            lambda: all(
-                (t := pinger.answered_by[m]) and t[-1] > time.monotonic() - 3 for m in answering
-            ),
+            lambda: all(pinger.answered_since(enabled, m) for m in answering),
             90,
             1,
         )
