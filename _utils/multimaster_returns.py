@@ -49,6 +49,8 @@ def patient_find_job(client):
     ``gather_job_timeout``. Salt gives that publish request the ``gather_job_timeout`` too (2 s
     in a poll): a master busy for 2 s, as with a find_job to 2,000 silent minions on a loaded
     host, fails the whole wait with "The master is not responding" although it took the job.
+    Used by ``cmd`` (polls and pings). ``cmd_returns`` keeps Salt's way: the reactions run it
+    in floods, where one request waiting 30 s would hold back every reaction behind it.
     """
     original = client.gather_job_info
     publish_timeout = client.opts.get("publish_timeout", 30)
@@ -137,8 +139,7 @@ def cmd_returns(client, minions, fun, kwarg=None, timeout=None, find_job_timeout
         **find_job,
     )
     try:
-        with patient_find_job(client):
-            return _collected(client, events, jid, expected)
+        return _collected(client, events, jid, expected)
     finally:
         events.close()
         client._clean_up_subscriptions(jid)  # noqa: SLF001  (what cmd_iter does on its way out)

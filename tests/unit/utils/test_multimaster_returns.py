@@ -176,12 +176,3 @@ def test_the_find_job_publish_waits_the_master_s_publish_timeout_and_the_poll_st
     assert client.calls["wait"]["gather_job_timeout"] == returns.QUICK_FIND_JOB
     # The client is left as it was.
     assert "gather_job_info" not in vars(client)
-
-
-def test_cmd_returns_publishes_its_find_job_patiently_too():
-    client = Client([{"cm1": {"ret": True, "retcode": 0, "jid": "j1"}}], {})
-    seen = {}
-    client.gather_job_info = lambda jid, tgt, tgt_type, listen=True, **kw: seen.update(kw) or {}
-    returns.cmd_returns(client, ["cm1"], "test.ping", timeout=3, find_job_timeout=2)
-    assert seen["gather_job_timeout"] == 30
-    assert client.iter_kwargs["gather_job_timeout"] == 2
