@@ -94,7 +94,9 @@ class Pinger:
         most N seconds old" would wait for what a slow ping can never give.
         """
         times = self.answered if master is None else self.answered_by[master]
-        return bool(times) and times[-1] >= since
+        # Not times[-1]: both masters' threads append to ``answered``, the later append may be
+        # the ping begun earlier.
+        return any(began >= since for began in times)
 
     def longest_outage(self, master=None):
         """
