@@ -8,8 +8,8 @@ import itertools
 import json
 import os
 import pathlib
+import subprocess
 import threading
-import time
 
 from toolkit import hosts as nshosts
 
@@ -53,36 +53,51 @@ def run_json(master, command, timeout=900):
     return ret.returncode, json.loads(text[text.rindex("\n{") :])
 
 
+PINGLOOP = pathlib.Path(__file__).with_name("pingloop.py")
+
+
 class Pinger:
     """
-    Pings ``minion`` once a second from each master, in one thread per master: a failover
-    minion answers the one master it is connected to. ``outages()`` are the runs of seconds no
-    master got an answer.
+    Pings ``minion`` once a second from each master, by one ``pingloop.py`` process on each
+    master's host, read in one thread per master: a failover minion answers the one master it
+    is connected to. ``outages()`` are the runs of seconds no master got an answer.
     """
 
     def __init__(self, masters, minion):
         self.masters, self.minion = masters, minion
         self.answered, self.ticks = [], []
         self.answered_by = {master.name: [] for master in masters}
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._ping, args=(m,)) for m in masters]
+        self.procs = []
+        self.threads = []
 
-    def _ping(self, master):
-        while not self.stop.is_set():
-            began = time.monotonic()
-            if answers(master, self.minion, timeout=2):
-                self.answered.append(began)
-                self.answered_by[master.name].append(began)
-            self.ticks.append(began)
-            self.stop.wait(max(0.0, 1.0 - (time.monotonic() - began)))
+    def _read(self, master, proc):
+        # A ping is dated by its start on the same monotonic clock as the test's.
+        for line in proc.stdout:
+            began, ok = line.split()
+            self.ticks.append(float(began))
+            if ok == "1":
+                self.answered.append(float(began))
+                self.answered_by[master.name].append(float(began))
 
     def __enter__(self):
+        for master in self.masters:
+            argv = master.shell("-c", f'exec python -u {PINGLOOP} "$0" 2', self.minion)
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+            self.procs.append(proc)
+            self.threads.append(threading.Thread(target=self._read, args=(master, proc)))
         for thread in self.threads:
             thread.start()
         return self
 
     def __exit__(self, *_):
-        self.stop.set()
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         for thread in self.threads:
             thread.join()
 
@@ -90,7 +105,7 @@ class Pinger:
         """
         Whether a ping begun at or after ``since`` (``time.monotonic()``) was answered (by
         ``master``, by name, or by any master). A ping is dated by its start: under load one
-        takes a few seconds (``salt-run`` starts, publishes, waits), so "the last answer is at
+        takes a few seconds (it publishes, waits, asks find_job), so "the last answer is at
         most N seconds old" would wait for what a slow ping can never give.
         """
         times = self.answered if master is None else self.answered_by[master]
