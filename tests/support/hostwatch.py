@@ -58,31 +58,37 @@ PINGLOOP = pathlib.Path(__file__).with_name("pingloop.py")
 
 class Pinger:
     """
-    Pings ``minion`` once a second from each master, by one ``pingloop.py`` process on each
-    master's host, read in one thread per master: a failover minion answers the one master it
-    is connected to. ``outages()`` are the runs of seconds no master got an answer.
+    Pings ``minion`` (or every id of a comma-separated list) once a second from each master,
+    by one ``pingloop.py`` process on each master's host, read in one thread per master: a
+    failover minion answers the one master it is connected to. A ping waits ``timeout``
+    seconds, and as long again for find_job. ``missed`` holds ``(master, start, ids that
+    answered)`` of each ping not every id answered.
     """
 
-    def __init__(self, masters, minion):
-        self.masters, self.minion = masters, minion
-        self.answered, self.ticks = [], []
+    def __init__(self, masters, minion, timeout=2):
+        self.masters, self.minion, self.timeout = masters, minion, timeout
+        self.answered, self.ticks, self.missed = [], [], []
         self.answered_by = {master.name: [] for master in masters}
         self.procs = []
         self.threads = []
 
     def _read(self, master, proc):
-        # A ping is dated by its start on the same monotonic clock as the test's.
+        # A ping is dated by its start, on the same monotonic clock as the test's.
         for line in proc.stdout:
-            began, ok = line.split()
+            began, ok, ids = line.split()
             self.ticks.append(float(began))
             if ok == "1":
                 self.answered.append(float(began))
                 self.answered_by[master.name].append(float(began))
+            else:
+                self.missed.append((master.name, float(began), ids))
 
     def __enter__(self):
         for master in self.masters:
-            argv = master.shell("-c", f'exec python -u {PINGLOOP} "$0" 2', self.minion)
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+            script = f'exec python -u {PINGLOOP} "$0" {self.timeout}'
+            proc = subprocess.Popen(
+                master.shell("-c", script, self.minion), stdout=subprocess.PIPE, text=True
+            )
             self.procs.append(proc)
             self.threads.append(threading.Thread(target=self._read, args=(master, proc)))
         for thread in self.threads:

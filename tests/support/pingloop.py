@@ -1,13 +1,15 @@
 """
-Pings one minion once a second from the master of the host this runs on, in one process, and
-prints ``<time.monotonic() at the ping's start> <1 if it answered, else 0>`` per ping.
+Pings minions once a second from the master of the host this runs on, in one process, and
+prints a line per ping: ``<time.monotonic() at its start> <1 if every minion answered, else 0>
+<the ids that answered, comma-separated, or ->``.
 
-``hostwatch.Pinger`` runs it on each master. A ``salt-run`` per ping costs about a CPU-second
-of start-up; two masters pinged each second then keep both of a loaded machine's cores busy and
-slow the very restarts the pings measure. Here a ping is the one ``manage.up`` makes, with a new
-client each time: a master that restarted has a new event socket.
+``hostwatch.Pinger`` runs it on each master. A ``salt-run`` or ``salt`` per ping costs about a
+CPU-second of start-up; a ping each second then keeps a core of a loaded machine busy and slows
+the very restarts the pings measure. Here a ping is the one ``manage.up`` makes (a find_job round
+as long as the timeout for a silent minion), with a new client each time: a master that
+restarted has a new event socket.
 
-Usage: ``python pingloop.py <minion id> [timeout]``
+Usage: ``python pingloop.py <id>[,<id>...] [timeout]``
 """
 
 import sys
@@ -18,38 +20,37 @@ import salt.client
 MASTER_CONFIG = "/etc/salt/master"
 
 
-def answered(minion, timeout):
+def answering(minions, timeout):
     """
-    Whether ``minion`` answers ``test.ping`` within ``timeout`` seconds (plus a find_job round
-    as short); a master that is down or restarting is no answer.
+    The ids among ``minions`` that answer ``test.ping`` within ``timeout`` seconds; none while
+    the master is down or restarting.
     """
+    found = set()
     try:
         with salt.client.get_local_client(MASTER_CONFIG) as client:
-            pub = client.run_job(minion, "test.ping", (), "glob", "", timeout, "", listen=True)
+            pub = client.run_job(minions, "test.ping", (), "list", "", timeout, "", listen=True)
             if not pub:
-                return False
+                return found
             for ret in client.get_cli_event_returns(
-                pub["jid"],
-                pub["minions"],
-                timeout,
-                minion,
-                "glob",
-                gather_job_timeout=timeout,
+                pub["jid"], pub["minions"], timeout, minions, "list", gather_job_timeout=timeout
             ):
                 # test.ping's answer is True; a row Salt makes up for a silent minion is not.
-                if ((ret or {}).get(minion) or {}).get("ret") is True:
-                    return True
+                found.update(m for m, row in (ret or {}).items() if row.get("ret") is True)
     except Exception:  # noqa: BLE001 - any failure of a ping is a ping not answered
-        return False
-    return False
+        return found
+    return found
 
 
-def main(minion, timeout=2.0):
+def main(minions, timeout=2.0):
     while True:
         began = time.monotonic()
-        print(f"{began:.3f} {int(answered(minion, timeout))}", flush=True)
+        found = answering(minions, timeout)
+        print(
+            f"{began:.3f} {int(found >= set(minions))} {','.join(sorted(found)) or '-'}",
+            flush=True,
+        )
         time.sleep(max(0.0, 1.0 - (time.monotonic() - began)))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *map(float, sys.argv[2:3]))
+    main(sys.argv[1].split(","), *map(float, sys.argv[2:3]))

@@ -13,12 +13,11 @@ none of them ever meets a master key of master3's own (it first starts with the 
 import json
 import os
 import threading
-import time
 
 import psutil
 
 from tests.support import walkthrough
-from tests.support.hostwatch import minion_pid
+from tests.support.hostwatch import Pinger, minion_pid
 from toolkit import hosts as nshosts
 
 HOSTS = {
@@ -116,27 +115,6 @@ def _served_keys(master3, stop, seen):
             continue
         if running:
             seen.add(key)
-
-
-def _pings(primary, stop, record):
-    """
-    ``salt -L minion1,minion3 test.ping`` from ``primary`` once a second until ``stop`` is set;
-    records whether both answered.
-    """
-    while not stop.is_set():
-        began, sent = time.monotonic(), time.strftime("%H:%M:%S")
-        ret = primary.sh(
-            f"salt -L {','.join(PINGED)} test.ping -t 5 --static --out=json", check=False
-        )
-        try:
-            answers = json.loads(ret.stdout or "{}")
-        except ValueError:
-            answers = {}
-        answered = all(answers.get(minion) is True for minion in PINGED)
-        record.append(answered)
-        if not answered:
-            print(f"ping sent {sent} unanswered: {ret.stdout}{ret.stderr}")
-        stop.wait(max(0.0, 1.0 - (time.monotonic() - began)))
 
 
 def _answer_master3(host_set, minions):
@@ -246,19 +224,19 @@ def test_the_add_and_remove_master_walk_through_runs_as_written(host_set):
     joined, left = blocks[1], blocks[2]
     # Pinged from the primary once a second through the whole join: no master the set ran
     # and no minion restarts, and no ping goes unanswered.
-    record, stop, seen = [], threading.Event(), set()
-    pinger = threading.Thread(target=_pings, args=(host_set["master1"], stop, record), daemon=True)
+    stop, seen = threading.Event(), set()
     watcher = threading.Thread(target=_served_keys, args=(host_set["master3"], stop, seen))
-    pinger.start()
     watcher.start()
     try:
-        host_set["master1"].sh(joined.script, timeout=1200)
+        with Pinger([primary], ",".join(PINGED), timeout=5) as pinger:
+            primary.sh(joined.script, timeout=1200)
     finally:
         stop.set()
-        pinger.join()
         watcher.join()
-    print(f"\nadd_master into a reserved slot: {len(record)} pings, {record.count(False)} missed")
-    assert record and record.count(False) == 0, record
+    print(
+        f"\nadd_master into a reserved slot: {len(pinger.ticks)} pings, {len(pinger.missed)} missed"
+    )
+    assert pinger.ticks and not pinger.missed, pinger.missed
     assert _minion_pids(host_set, configured) == pids
     assert _master_pids(host_set, ("master1", "master2")) == masters
     # master3 ran only ever with the set's key: no minion could meet a key of its own there.
