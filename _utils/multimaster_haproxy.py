@@ -225,5 +225,10 @@ def stop(config_file, pidfile, timeout=10):
             procs.append(proc)
         except psutil.Error:
             continue
-    psutil.wait_procs(procs, timeout=timeout)
+    try:
+        psutil.wait_procs(procs, timeout=timeout)
+    except OSError:
+        # psutil 7.2 waits through pidfd_open, which the kernel fails (EINVAL, ENOENT) for a
+        # process it is reaping: that one is gone.
+        pass
     return bool(pids)

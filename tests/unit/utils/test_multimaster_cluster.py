@@ -186,6 +186,30 @@ def test_stop_with_a_foreign_pidfile_signals_nothing(tmp_path):
         sleeper.wait()
 
 
+def test_stop_of_a_haproxy_the_kernel_is_reaping_reports_it_stopped(monkeypatch):
+    """
+    psutil 7.2's wait fails with ENOENT or EINVAL from pidfd_open on a process being reaped:
+    stop reports the haproxy stopped, with no exception text.
+    """
+    signalled = []
+
+    class Exiting:
+        def __init__(self, pid):
+            self.pid = pid
+
+        def terminate(self):
+            signalled.append(self.pid)
+
+    def failing_wait(procs, timeout):
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(mh, "running_pids", lambda pidfile, config: [4242])
+    monkeypatch.setattr(mh.psutil, "Process", Exiting)
+    monkeypatch.setattr(mh.psutil, "wait_procs", failing_wait)
+    assert mh.stop("/etc/haproxy/haproxy.cfg", "/run/haproxy.pid") is True
+    assert signalled == [4242]
+
+
 def test_haproxy_starts_and_reloads_gracefully_from_its_pidfile(defaults, tmp_path):
     settings = cluster(
         defaults,
