@@ -260,6 +260,29 @@ def wait_cluster_member(host, timeout=180, interval=2):
     return multimaster_settle.wait_cluster_member(_run(), host, timeout=timeout, interval=interval)
 
 
+def wait_voter_removed(host, timeout=120, interval=2):
+    """
+    Mode cluster: wait until the stopped master at ``host`` (its address) is no longer a voter
+    in the Raft membership this master has applied, as the orchestration ``remove_master``
+    does: the leader demotes a voter silent for ``cluster_voter_timeout`` (10 s) to a learner
+    (``multimaster:cluster:auto_replace_voters``). Returns at once, saying so, where Salt
+    keeps it a voter (that option off, or ``cluster_min_voters`` voters left).
+
+    timeout
+        Seconds to wait in all.
+
+    interval
+        Seconds between polls.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run multimaster.wait_voter_removed 10.0.3.24
+    """
+    return multimaster_settle.wait_voter_removed(_run(), host, timeout=timeout, interval=interval)
+
+
 def wait_minions(tgt="*", timeout=180, interval=2):
     """
     Wait until every minion whose key this master has accepted and that ``tgt`` matches

@@ -456,6 +456,7 @@ def _validate_cluster(settings):
     _check_mapping(settings["lookup"], "haproxy", "lookup")
     _check_port(cluster.get("pool_port"), "cluster:pool_port")
     _check_bool(cluster, "isolated_filesystem", "cluster")
+    _check_bool(cluster, "auto_replace_voters", "cluster")
     _check_int(cluster, "publish_session", "cluster", minimum=1)
     driver = cluster.get("keys_cache_driver")
     if driver not in KEY_CACHE_DRIVERS:

@@ -46,6 +46,14 @@ def has_key_cache():
     return KEY_CACHE_OPTION in salt.config.VALID_OPTS
 
 
+def can_replace_voters():
+    """
+    True when the running Salt's Raft leader can demote a silent voter
+    (``cluster_auto_replace_voters``, 3008.3 and newer).
+    """
+    return "cluster_auto_replace_voters" in salt.config.VALID_OPTS
+
+
 def can_cluster():
     """
     True when the running Salt has the native master cluster (3007 and newer).

@@ -498,6 +498,10 @@ def cluster_config(settings, master, pki_dir):
     )
     if driver and multimaster_saltcompat.has_key_cache():
         config[multimaster_saltcompat.KEY_CACHE_OPTION] = driver
+    if multimaster_saltcompat.can_replace_voters():
+        # Salt 3008.3 has no command that takes a member out of the Raft vote: a removed master
+        # would count in every majority after it. Off, the leader demotes none that is silent.
+        config["cluster_auto_replace_voters"] = cluster["auto_replace_voters"]
     if master.get("cluster_pub_fingerprint"):
         config["cluster_pub_fingerprint"] = master["cluster_pub_fingerprint"].lower()
     return config

@@ -1,8 +1,8 @@
 """
 The waits an orchestration runs between its steps: every master up with no restart pending
 (``wait_masters``), a removed master no longer listening (``wait_master_stopped``), a joining
-cluster master a member (``wait_cluster_member``), every accepted minion answering
-(``wait_minions``).
+cluster master a member (``wait_cluster_member``), a removed one no longer a voter
+(``wait_voter_removed``), every accepted minion answering (``wait_minions``).
 """
 
 import time
@@ -88,31 +88,85 @@ def wait_master_stopped(run, host, timeout=90, interval=1):
         time.sleep(float(interval))
 
 
-def wait_cluster_member(run, host, timeout=180, interval=2):
+def _watch_members(run, host, matter, verdict, timeout, interval):
     """
-    The runner's ``wait_cluster_member``: poll ``cluster.members`` on this master until ``host``
-    is a voter or learner. Returns the report.
+    Refuse outside mode cluster (``matter`` says why) or without an address ``host``, then
+    poll ``cluster.members`` on this master until ``verdict(members)``, a ``(done, comment)``,
+    is done or ``timeout`` passes. Returns the report.
     """
     try:
-        multimaster_cluster.check_mode(
-            multimaster_control.section(run), "membership is a cluster matter"
-        )
+        multimaster_cluster.check_mode(multimaster_control.section(run), matter)
         _checked_host(host)
     except SaltInvocationError as exc:
         return multimaster_control.refused(run, exc)
     start = time.monotonic()
     while True:
         members = multimaster_clustersync.members(run.opts)
-        known = set(members.get("voters", [])) | set(members.get("learners", []))
+        done, comment = verdict(members)
         waited = round(time.monotonic() - start, 1)
-        if host in known:
-            ret = {"comment": f"{host} is a member", "members": members, "waited": waited}
+        if done:
+            ret = {"comment": comment, "members": members, "waited": waited}
             return multimaster_control.finish(run, ret, False)
         if waited > float(timeout):
-            ret = {"comment": f"{host} is no member after {timeout}s", "members": members}
+            ret = {"comment": f"{comment} after {timeout}s", "members": members}
             return multimaster_control.finish(run, ret, True)
-        run.progress(f"waiting for {host} to join the cluster ({round(waited)}s)")
+        run.progress(f"waiting: {comment} ({round(waited)}s)")
         time.sleep(float(interval))
+
+
+def wait_cluster_member(run, host, timeout=180, interval=2):
+    """
+    The runner's ``wait_cluster_member``: poll ``cluster.members`` on this master until ``host``
+    is a voter or learner. Returns the report.
+    """
+
+    def verdict(members):
+        known = set(members.get("voters", [])) | set(members.get("learners", []))
+        return (True, f"{host} is a member") if host in known else (False, f"{host} is no member")
+
+    matter = "membership is a cluster matter"
+    return _watch_members(run, host, matter, verdict, timeout, interval)
+
+
+def vote_withdrawn(members, host, opts):
+    """
+    ``(done, comment)`` for ``wait_voter_removed``: done when ``host`` is not a voter of
+    ``members`` (``cluster.members``), or when Salt will not demote it: the master of ``opts``
+    replaces no silent voter, or the voters would fall below ``cluster_min_voters``.
+    """
+    voters = members.get("voters") or []
+    floor = opts.get("cluster_min_voters", 3)
+    if "error" in members:
+        return False, members["error"]
+    if host not in voters:
+        return True, f"{host} is not a voter"
+    if not opts.get("cluster_auto_replace_voters"):
+        return True, (
+            f"{host} stays a voter: cluster_auto_replace_voters is off "
+            f"(multimaster:cluster:auto_replace_voters), so every majority counts it"
+        )
+    if len(voters) - 1 < floor:
+        return True, (
+            f"{host} stays a voter: {len(voters) - 1} voters would be fewer than "
+            f"cluster_min_voters ({floor}), so every majority counts it"
+        )
+    return False, f"{host} is still a voter"
+
+
+def wait_voter_removed(run, host, timeout=120, interval=2):
+    """
+    The runner's ``wait_voter_removed``: poll ``cluster.members`` on this master until
+    ``vote_withdrawn``. Returns the report.
+    """
+    matter = "the Raft vote is a cluster matter"
+    return _watch_members(
+        run,
+        host,
+        matter,
+        lambda members: vote_withdrawn(members, host, run.opts),
+        timeout,
+        interval,
+    )
 
 
 # A minion about to restart (after multimaster.minion's job) still answers a ping: ask this.

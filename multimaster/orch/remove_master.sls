@@ -11,7 +11,8 @@
 
     Mode cluster (minions know only the balancer): multimaster.haproxy on the balancer's minion
     (multimaster_balancer_minion) drains it, its control minion stops it (always: a removed peer
-    left running keeps talking to the cluster), every remaining master deletes its
+    left running keeps talking to the cluster), the Raft leader demotes it to a learner,
+    every remaining master deletes its
     peers/<address>.pub, then multimaster.master restarts them without it (and with the new
     multimaster:cluster:secret: multimaster_rotate_secret: true refuses to go on while pillar
     still holds the secret the removed master knows). multimaster_remove is its cluster address. #}
@@ -123,6 +124,17 @@ multimaster-orch-remove-master-stop-confirmed:
     - require:
       - salt: multimaster-orch-remove-master-stopped
 
+{#- Salt has no command that takes a member out of the Raft vote: the leader demotes it, now
+    silent, to a learner (cluster_auto_replace_voters). A removed voter would count in every
+    majority, and the remaining masters would lose their quorum while one of them restarts. #}
+multimaster-orch-remove-master-vote-withdrawn:
+  salt.runner:
+    - name: multimaster.wait_voter_removed
+    - host: {{ gone | json }}
+    - failhard: true
+    - require:
+      - salt: multimaster-orch-remove-master-stop-confirmed
+
 multimaster-orch-remove-master-peer-forgotten:
   salt.function:
     - name: multimaster.forget_cluster_peer
@@ -133,7 +145,7 @@ multimaster-orch-remove-master-peer-forgotten:
         rotate_secret: {{ pillar.get("multimaster_rotate_secret", false) | json }}
     - failhard: true
     - require:
-      - salt: multimaster-orch-remove-master-stop-confirmed
+      - salt: multimaster-orch-remove-master-vote-withdrawn
 
 {#- Each master restarts once its control minion's job has returned, one at a time, each
     settled before the next: masters of a cluster that start together race their joins (a

@@ -599,14 +599,18 @@ def test_remove_master_restarts_the_cluster_masters_one_at_a_time(rendered):
         _, kwargs = args(high[later])
         assert {"salt": settled} in kwargs["require"], (later, kwargs["require"])
     # Its control minion talks to the removed master only: the stop waits for its return, and
-    # the peers forget it only once a runner saw it stop listening.
+    # the peers forget it only once a runner saw it stop listening and leave the Raft vote.
     _, stop = args(high["multimaster-orch-remove-master-stopped"])
     assert stop["kwarg"]["after_return"] is True
     _, confirmed = args(high["multimaster-orch-remove-master-stop-confirmed"])
     assert confirmed["name"] == "multimaster.wait_master_stopped"
     assert confirmed["host"] == "127.0.0.4"
+    _, withdrawn = args(high["multimaster-orch-remove-master-vote-withdrawn"])
+    assert withdrawn["name"] == "multimaster.wait_voter_removed"
+    assert withdrawn["host"] == "127.0.0.4"
+    assert {"salt": "multimaster-orch-remove-master-stop-confirmed"} in withdrawn["require"]
     _, forgotten = args(high["multimaster-orch-remove-master-peer-forgotten"])
-    assert {"salt": "multimaster-orch-remove-master-stop-confirmed"} in forgotten["require"]
+    assert {"salt": "multimaster-orch-remove-master-vote-withdrawn"} in forgotten["require"]
 
 
 # master1, the primary, is gone: pillar lists master2 and master3, at the next epoch.

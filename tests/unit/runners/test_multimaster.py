@@ -1209,6 +1209,56 @@ def test_wait_cluster_member_refuses_what_is_not_an_address(runner, health, monk
     assert ret["retcode"] == 1 and f"host={host!r}: expected the address" in ret["comment"], ret
 
 
+def test_wait_voter_removed_polls_until_the_leader_demoted_the_address(runner, health, monkeypatch):
+    """A voter, a failed view, then a learner: no longer a voter, and the report says so."""
+    monkeypatch.setitem(runner.__opts__, "cluster_auto_replace_voters", True)
+    four = ["10.0.3.21", "10.0.3.22", "10.0.3.23", "10.0.3.24"]
+    views = iter(
+        [
+            {"voters": four, "learners": []},
+            {"error": "cluster.members failed on this master (its log has why)"},
+            {"voters": four[:3], "learners": ["10.0.3.24"], "leader_id": "10.0.3.21"},
+        ]
+    )
+    monkeypatch.setattr(multimaster_clustersync, "members", lambda opts: next(views))
+    ret = runner.wait_voter_removed("10.0.3.24", timeout=60, interval=1)
+    assert ret["retcode"] == 0 and ret["comment"] == "10.0.3.24 is not a voter", ret
+    assert ret["members"]["voters"] == four[:3] and ret["waited"] == 2.0
+
+
+def test_wait_voter_removed_fails_naming_the_address_after_the_timeout(runner, health, monkeypatch):
+    monkeypatch.setitem(runner.__opts__, "cluster_auto_replace_voters", True)
+    four = ["10.0.3.21", "10.0.3.22", "10.0.3.23", "10.0.3.24"]
+    monkeypatch.setattr(multimaster_clustersync, "members", lambda opts: {"voters": four})
+    ret = runner.wait_voter_removed("10.0.3.24", timeout=3, interval=1)
+    assert ret["retcode"] == 1 and ret["comment"] == "10.0.3.24 is still a voter after 3s", ret
+
+
+@pytest.mark.parametrize(
+    ("replace", "voters", "why"),
+    [
+        (False, 4, "cluster_auto_replace_voters is off"),
+        (True, 3, "2 voters would be fewer than cluster_min_voters (3)"),
+    ],
+    ids=["replacement off", "at the floor"],
+)
+def test_wait_voter_removed_returns_at_once_where_salt_keeps_the_voter(
+    runner, health, monkeypatch, replace, voters, why
+):
+    monkeypatch.setitem(runner.__opts__, "cluster_auto_replace_voters", replace)
+    view = {"voters": ["10.0.3.21", "10.0.3.22", "10.0.3.23", "10.0.3.24"][-voters:]}
+    monkeypatch.setattr(multimaster_clustersync, "members", lambda opts: view)
+    ret = runner.wait_voter_removed("10.0.3.24", timeout=60, interval=1)
+    assert ret["retcode"] == 0 and ret["waited"] == 0.0, ret
+    assert ret["comment"].startswith("10.0.3.24 stays a voter: ") and why in ret["comment"], ret
+
+
+def test_wait_voter_removed_refuses_outside_mode_cluster(runner, use):
+    use({})
+    ret = runner.wait_voter_removed("10.0.3.24", timeout=0)
+    assert ret["retcode"] == 1 and "the Raft vote is a cluster matter" in ret["comment"], ret
+
+
 def test_wait_cluster_member_refuses_outside_mode_cluster(runner, use):
     use({})
     ret = runner.wait_cluster_member("10.0.3.24", timeout=0)

@@ -39,6 +39,8 @@ def test_each_master_peers_with_the_others_on_its_own_address(defaults):
         "cluster_pool_port": 4520,
         "cluster_isolated_filesystem": True,
         "publish_session": 86400,
+        # A removed master leaves the Raft vote only this way (docs/cluster.md).
+        "cluster_auto_replace_voters": True,
         "cluster_secret": SECRET,
         # Not mmap_key as Salt recommends: 3008.3's join needs pki_dir/master.pub as a file.
         "keys.cache_driver": "localfs_key",
@@ -49,6 +51,12 @@ def test_each_master_peers_with_the_others_on_its_own_address(defaults):
     assert master["id"] == HOSTS[1]
     assert "cluster_secret" not in master
     assert "secret" not in ms.set_config(settings)["multimaster"]["cluster"]
+
+
+def test_auto_replace_voters_false_is_rendered_false(defaults):
+    settings = cluster(defaults, cluster={"auto_replace_voters": False})
+    config = ms.cluster_config(settings, settings["masters"][0], "/etc/salt/pki/master")
+    assert config["cluster_auto_replace_voters"] is False
 
 
 def test_shared_filesystem_keeps_salts_key_driver_and_a_joiner_pins_the_cluster_key(defaults):

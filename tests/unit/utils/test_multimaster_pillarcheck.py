@@ -354,6 +354,12 @@ CASES = {
         js("redis"),
         "one of '', 'localfs_key', 'mmap_key'",
     ),
+    "cluster-auto-replace-voters-not-bool": (
+        pillar(cluster={"auto_replace_voters": "yes"}),
+        "cluster:auto_replace_voters",
+        js("yes"),
+        "true or false",
+    ),
     "haproxy-pidfile-relative": (
         pillar(cluster={"haproxy": {"pidfile": "run/haproxy.pid"}}),
         "cluster:haproxy:pidfile",

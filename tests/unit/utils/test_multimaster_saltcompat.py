@@ -96,6 +96,7 @@ def test_no_key_cache_option_is_rendered_for_a_salt_without_one(monkeypatch):
             "isolated_filesystem": True,
             "keys_cache_driver": "",
             "publish_session": 86400,
+            "auto_replace_voters": True,
         },
         "masters": [master, {"id": "127.0.0.3", "host": "127.0.0.3"}],
     }
