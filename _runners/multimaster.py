@@ -631,7 +631,9 @@ def status(masters=None, timeout=30, ping_timeout=5, test=False):
     answers (``job_cache``), and which masters each minion answers. Each "equal" is ``True``
     only when every master answered: ``None`` when those that answered agree but one did not.
     In mode cluster: the Raft members as this master sees them (voters, learners, leader,
-    configured masters missing), the balancer's frontends and every master's ports up.
+    configured masters missing), the balancer's frontends and every master's ports up, and
+    whether every master holds one cluster AES key (``cluster_aes``: each key's stamp and a
+    digest prefix, asked of the control minions).
     Read-only: ``test=True`` (accepted like every runner here) changes nothing either.
 
     masters

@@ -666,7 +666,7 @@ def status_report(section, members):
             "learners": members.get("learners", []),
             "leader": members.get("leader_id"),
             "missing": [address for address in expected if address not in known],
-            # Salt 3008.3 cannot drop a member from its Raft: a removed master stays listed.
+            # Salt 3008.3 keeps a removed master in its Raft (a learner once demoted).
             "not_configured": sorted(known - set(expected)),
         },
         "backends": {address: _ports_open(address, ports) for address in expected},
@@ -681,6 +681,27 @@ def status_report(section, members):
     failed = bool(ret["cluster"]["missing"] or down or not ret["cluster"]["leader"])
     failed = failed or "error" in ret["cluster"] or not all(ret.get("balancer", {}).values())
     return ret, failed
+
+
+def aes_agreement(held, errors):
+    """
+    ``(report, failed)``: whether every master holds one cluster AES key. A master holding
+    another key cannot read what the others publish to its minions, nor they what it does.
+
+    held
+        ``{master id: {"stamp", "digest"} or None}`` (``held_aes``; None: no key yet).
+
+    errors
+        ``{master id: why}`` for masters whose key could not be asked.
+    """
+    masters = {
+        m: {"stamp": h["stamp"], "digest": h["digest"][:12]} if h else {"error": "no key yet"}
+        for m, h in held.items()
+    }
+    masters.update({m: {"error": why} for m, why in errors.items()})
+    digests = {h["digest"] if h else None for h in held.values()}
+    alike = not errors and len(digests) == 1 and None not in digests
+    return {"alike": alike, "masters": dict(sorted(masters.items()))}, not alike
 
 
 def _ports_open(address, ports):

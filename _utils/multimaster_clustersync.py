@@ -290,6 +290,21 @@ def share_cluster_aes(run, masters=None, test=False, timeout=60):
     return multimaster_control.finish(run, ret, not all(r["result"] for r in report.values()))
 
 
+def aes_agreement(run, section, timeout):
+    """
+    ``multimaster_cluster.aes_agreement`` over every master of ``section``: this master's key
+    read here, each other's asked of its control minion (``cluster_aes_info``).
+    """
+    here = multimaster_control.this_master(run, section)
+    held = {here: multimaster_cluster.held_aes(run.opts)} if here else {}
+    peers = [m for m in multimaster_control.ids(section) if m != here]
+    answers, errors = multimaster_control.call(
+        run, section, peers, "cluster_aes_info", {}, timeout, multimaster_cluster.aes_info_check
+    )
+    held.update({m: answer["held"] for m, answer in answers.items()})
+    return multimaster_cluster.aes_agreement(held, errors)
+
+
 def cluster_aes_rotated(run, timeout=60):
     """
     The runner's ``cluster_aes_rotated``: share the cluster AES key this master holds, once per

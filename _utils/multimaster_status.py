@@ -102,17 +102,20 @@ def status(run, masters=None, timeout=30, ping_timeout=5, test=False):
     except SaltInvocationError as exc:
         return multimaster_control.refused(run, exc)
     if section["mode"] == "cluster":
-        return cluster_status(run, section)
+        return cluster_status(run, section, timeout)
     return _set_status(run, section, timeout, ping_timeout)
 
 
-def cluster_status(run, section):
+def cluster_status(run, section, timeout):
     """
-    Mode cluster: Salt's Raft membership as this master sees it (``cluster.members``) and the
-    ports up (``multimaster_cluster.status_report``).
+    Mode cluster: Salt's Raft membership as this master sees it (``cluster.members``), the
+    ports up (``multimaster_cluster.status_report``) and one cluster AES key on every master
+    (``multimaster_clustersync.aes_agreement``, ``timeout`` for the control minions).
     """
     members = multimaster_clustersync.members(run.opts)
-    return multimaster_control.finish(run, *multimaster_cluster.status_report(section, members))
+    report, failed = multimaster_cluster.status_report(section, members)
+    report["cluster_aes"], differ = multimaster_clustersync.aes_agreement(run, section, timeout)
+    return multimaster_control.finish(run, report, failed or differ)
 
 
 def _set_status(run, section, timeout, ping_timeout):

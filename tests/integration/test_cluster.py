@@ -370,6 +370,10 @@ def test_status_understands_cluster_mode(cluster_set):
     assert report["cluster"]["missing"] == []
     assert report["balancer"] == {"publish": True, "ret": True}
     assert report["backends_down"] == []
+    # One cluster AES key on every master, each asked of its control minion but this one's.
+    assert report["cluster_aes"]["alike"] is True
+    assert sorted(report["cluster_aes"]["masters"]) == list(HOSTS)
+    assert len({m["digest"] for m in report["cluster_aes"]["masters"].values()}) == 1
     assert report["retcode"] == 0
 
 
@@ -951,3 +955,6 @@ def test_one_master_stopped_the_others_still_reach_every_minion(cluster_set):
     assert ret.returncode == 1, ret
     assert ret.data["backends_down"] == [stopped.id]
     assert ret.data["balancer"] == {"publish": True, "ret": True}
+    # Its control minion talks to it only: its key cannot be asked, and the report says so.
+    assert ret.data["cluster_aes"]["alike"] is False
+    assert "error" in ret.data["cluster_aes"]["masters"][stopped.id]

@@ -270,6 +270,21 @@ def test_status_fails_on_a_missing_member_a_closed_port_or_no_leader(monkeypatch
     assert failed and ret["cluster"]["error"] == "cluster.members returned 'no such runner'"
 
 
+def test_aes_agreement_fails_on_another_key_no_key_or_a_master_not_asked():
+    one, other = {"stamp": 5.0, "digest": "a" * 64}, {"stamp": 6.0, "digest": "b" * 64}
+    report, failed = mc.aes_agreement(dict.fromkeys(HOSTS, one), {})
+    assert not failed and report["alike"] is True
+    # A digest prefix only: enough to compare by eye, nothing of the key.
+    assert report["masters"][HOSTS[0]] == {"stamp": 5.0, "digest": "a" * 12}
+    report, failed = mc.aes_agreement({HOSTS[0]: one, HOSTS[1]: other, HOSTS[2]: one}, {})
+    assert failed and report["masters"][HOSTS[1]]["digest"] == "b" * 12
+    report, failed = mc.aes_agreement({HOSTS[0]: one, HOSTS[1]: None}, {})
+    assert failed and report["masters"][HOSTS[1]] == {"error": "no key yet"}
+    why = "control minion salt3 did not answer"
+    report, failed = mc.aes_agreement({HOSTS[0]: one, HOSTS[1]: one}, {HOSTS[2]: why})
+    assert failed and report["masters"][HOSTS[2]] == {"error": why}
+
+
 CLUSTER_SET = [
     {"id": "10.0.3.21", "host": "10.0.3.21", "minion_id": "salt1"},
     {"id": "10.0.3.22", "host": "10.0.3.22", "minion_id": "salt2"},
