@@ -722,9 +722,54 @@ def test_the_watcher_drains_the_job_before_the_restart(master, conf, tmp_path, m
     out = tmp_path / "cwd"
     spec = _watcher_spec(monkeypatch, pidfile, conf, out, drain=_drain())
     assert spec["drain"] == _drain()
-    drained = []
+    drained, flushed = [], []
     monkeypatch.setattr(multimaster_daemon, "drain_job", drained.append)
+    monkeypatch.setattr(multimaster_daemon, "flush_bus", flushed.append)
     assert multimaster_daemon.main([json.dumps(spec)]) == 0
     assert drained == [_drain()]
+    # Then the master's bus has published the job's return too.
+    assert flushed == [_drain()["config_dir"]]
     assert proc.wait(timeout=5) == -signal.SIGTERM
     _ran_in(out)
+
+
+class _Bus:
+    """A master's event bus that publishes a fired event after ``lag`` reads (None: never)."""
+
+    def __init__(self, lag=0, fails=False):
+        self.lag, self.fails, self.fired, self.reads = lag, fails, [], 0
+
+    def __enter__(self):
+        if self.fails:
+            raise OSError("no such socket")
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def fire_event(self, data, tag):
+        self.fired.append(tag)
+
+    def get_event(self, wait, tag, full):
+        self.reads += 1
+        if self.lag is not None and self.reads > self.lag and tag in self.fired:
+            return {"tag": tag, "data": {}}
+        time.sleep(min(wait, 0.05))
+        return None
+
+
+def test_the_bus_is_flushed_once_the_master_publishes_the_marker():
+    bus = _Bus(lag=3)
+    assert multimaster_daemon.flush_bus("/etc/salt", timeout=10, bus=bus) is True
+    assert len(bus.fired) == 1 and bus.fired[0].startswith("multimaster/restart/flush/")
+    assert bus.reads == 4
+
+
+def test_a_bus_that_never_publishes_holds_the_restart_only_until_the_deadline():
+    started = time.monotonic()
+    assert multimaster_daemon.flush_bus("/etc/salt", timeout=0.5, bus=_Bus(lag=None)) is False
+    assert 0.5 <= time.monotonic() - started < 3
+
+
+def test_a_bus_that_cannot_be_reached_does_not_hold_the_restart():
+    assert multimaster_daemon.flush_bus("/etc/salt", timeout=10, bus=_Bus(fails=True)) is False
