@@ -27,7 +27,6 @@ import time
 
 import psutil
 import salt._logging
-import salt.payload
 import salt.syspaths
 import salt.utils.files
 import salt.utils.minion
@@ -404,7 +403,7 @@ def job_to_drain(opts, pid, config_dir):
     config_dir
         The config dir of the master to restart.
     """
-    for job in _jobs_of(opts, pid):
+    for job in salt.utils.minion.running(opts):
         # A salt-call's proc file names the target "salt-call" and has no target type.
         if job.get("pid") != pid or not all(job.get(k) for k in ("jid", "tgt", "tgt_type")):
             continue
@@ -414,32 +413,6 @@ def job_to_drain(opts, pid, config_dir):
         drain = {"jid": str(job["jid"]), "tgt": tgt, "tgt_type": tgt_type}
         return dict(drain, config_dir=config_dir, timeout=DRAIN_TIMEOUT)
     return None
-
-
-def _jobs_of(opts, pid):
-    """
-    The proc files of the jobs process ``pid`` of this minion runs. With ``multiprocessing``
-    (Salt's default) ``salt.utils.minion.running`` leaves out the calling process's own job,
-    the one asked for here, so its proc files are read directly.
-    """
-    if not opts.get("multiprocessing", True):
-        return salt.utils.minion.running(opts)
-    proc_dir = os.path.join(opts["cachedir"], "proc")
-    try:
-        names = os.listdir(proc_dir)
-    except OSError:
-        return []
-    jobs = []
-    for name in names:
-        try:
-            with salt.utils.files.fopen(os.path.join(proc_dir, name), "rb") as handle:
-                job = salt.payload.loads(handle.read())
-        except Exception:  # pylint: disable=broad-except
-            # Removed or half-written by the job it belongs to: not this process's.
-            continue
-        if isinstance(job, dict) and job.get("pid") == pid:
-            jobs.append(job)
-    return jobs
 
 
 def _local_client(config_dir):

@@ -657,29 +657,14 @@ def _drain(**kwargs):
     return {**drain, "config_dir": "/etc/salt", "timeout": 30, **kwargs}
 
 
-def _proc_files(tmp_path, jobs):
-    """A minion's opts whose proc dir holds ``jobs``, one file each, as Salt writes them."""
-    proc = tmp_path / "proc"
-    proc.mkdir()
-    for job in jobs:
-        (proc / job["jid"]).write_bytes(multimaster_daemon.salt.payload.dumps(job))
-    (proc / "20261128000000000009").write_bytes(b"")  # being written
-    return {"cachedir": str(tmp_path), "multiprocessing": True}
-
-
-def test_the_job_to_drain_is_the_one_this_process_runs(tmp_path):
-    me = os.getpid()
-    opts = _proc_files(
-        tmp_path,
-        [
-            {"pid": 1, "jid": "20261128000000000002", "tgt": "other", "tgt_type": "glob"},
-            {"pid": me, "jid": "20261128000000000001", "tgt": ["m1", "m2"], "tgt_type": "list"},
-            {"pid": 4, "jid": "20261128000000000003", "tgt": "salt-call"},
-        ],
-    )
-    # What the job process itself asks, and what Salt's own reader leaves out for it.
-    assert not [j for j in multimaster_daemon.salt.utils.minion.running(opts) if j["pid"] == me]
-    drain = multimaster_daemon.job_to_drain(opts, me, "/etc/salt")
+def test_the_job_to_drain_is_the_one_this_process_runs(monkeypatch):
+    jobs = [
+        {"pid": 1, "jid": "20261128000000000002", "tgt": "other", "tgt_type": "glob"},
+        {"pid": 2, "jid": "20261128000000000001", "tgt": ["m1", "m2"], "tgt_type": "list"},
+        {"pid": 4, "jid": "20261128000000000003", "tgt": "salt-call"},
+    ]
+    monkeypatch.setattr(multimaster_daemon.salt.utils.minion, "running", lambda opts: jobs)
+    drain = multimaster_daemon.job_to_drain({}, 2, "/etc/salt")
     assert drain == {
         "jid": "20261128000000000001",
         "tgt": ["m1", "m2"],
@@ -688,16 +673,15 @@ def test_the_job_to_drain_is_the_one_this_process_runs(tmp_path):
         "timeout": multimaster_daemon.DRAIN_TIMEOUT,
     }
     # salt-call runs no published job: nothing to wait for, whether or not it left a proc file.
-    assert multimaster_daemon.job_to_drain(opts, 3, "/etc/salt") is None
-    assert multimaster_daemon.job_to_drain(opts, 4, "/etc/salt") is None
+    assert multimaster_daemon.job_to_drain({}, 3, "/etc/salt") is None
+    assert multimaster_daemon.job_to_drain({}, 4, "/etc/salt") is None
 
 
 def test_a_target_too_long_for_an_argv_is_drained_as_every_minion(monkeypatch):
     many = [f"minion{i}" for i in range(5000)]
     jobs = [{"pid": 2, "jid": "20261128000000000001", "tgt": many, "tgt_type": "list"}]
-    # Multiprocessing off: Salt's own reader gives the calling thread's job.
     monkeypatch.setattr(multimaster_daemon.salt.utils.minion, "running", lambda opts: jobs)
-    drain = multimaster_daemon.job_to_drain({"multiprocessing": False}, 2, "/etc/salt")
+    drain = multimaster_daemon.job_to_drain({}, 2, "/etc/salt")
     assert (drain["tgt"], drain["tgt_type"]) == ("*", "glob")
 
 
