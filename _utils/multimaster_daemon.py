@@ -466,6 +466,10 @@ def _master_bus(config_dir):
     import salt.utils.event  # pylint: disable=import-outside-toplevel
 
     mopts = salt.config.master_config(os.path.join(config_dir, "master"))
+    socket_path = os.path.join(mopts["sock_dir"], "master_event_pub.ipc")
+    if mopts.get("ipc_mode") != "tcp" and not os.path.exists(socket_path):
+        # No master listens there: connecting would only retry until the deadline.
+        raise OSError(f"{socket_path} does not exist")
     return salt.utils.event.get_master_event(mopts, mopts["sock_dir"], listen=True)
 
 
@@ -508,8 +512,9 @@ def schedule_restart(
     """
     Restart the ``daemon`` of ``config_dir`` recorded in ``pidfile`` from a detached watcher once
     ``wait_pid`` has ended (or ``wait_timeout`` seconds passed) and no minion runs the job
-    ``drain`` (``job_to_drain``; ``drain_job``) any more, ``delay`` seconds later (for a
-    salt-master at least ``MASTER_RETURN_GRACE``, so that the job's return reaches its bus).
+    ``drain`` (``job_to_drain``; ``drain_job``) any more and, for a salt-master, its bus has
+    published what came before (``flush_bus``), ``delay`` seconds later (for a salt-master at
+    least ``MASTER_RETURN_GRACE``, so that the job's return reaches whoever waits for it).
     ``stop``: stop it and start nothing (a minion whose only master this is can still return).
 
     Returns a dict describing what was scheduled; ``{"scheduled": False, "reason": ...}`` when
@@ -540,6 +545,8 @@ def schedule_restart(
         "command": command,
         "stop": stop,
         "drain": drain,
+        # A master restarted after a job publishes the job's return before it goes.
+        "flush": config_dir if wait_pid is not None and daemon == "salt-master" else None,
     }
     _spawn([sys.executable, os.path.abspath(__file__), json.dumps(spec)])
     if stop:
@@ -658,7 +665,8 @@ def main(argv):
         wait_for(lambda: not _pid_alive(spec["wait_pid"]), spec["wait_timeout"])
     if spec.get("drain"):
         drain_job(spec["drain"])
-        flush_bus(spec["drain"]["config_dir"])
+    if spec.get("flush"):
+        flush_bus(spec["flush"])
     time.sleep(spec["delay"])
     if spec["service"]:
         action = "stop" if spec.get("stop") else "restart"
