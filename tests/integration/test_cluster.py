@@ -48,12 +48,15 @@ def local_cli(factory):
     return factory.salt_call_cli(timeout=180)
 
 
-def apply_local(factory, sls):
-    """``salt-call --local state.apply sls`` with the formula synced first, as on a bare host."""
+def apply_local(factory, sls, *args):
+    """
+    ``salt-call --local state.apply sls *args`` with the formula synced first, as on a bare
+    host.
+    """
     cli = local_cli(factory)
     synced = cli.run("--local", "saltutil.sync_all")
     assert synced.returncode == 0, synced
-    ret = cli.run("--local", "state.apply", sls)
+    ret = cli.run("--local", "state.apply", sls, *args)
     return harness.assert_states_ok(ret)
 
 
@@ -112,7 +115,10 @@ def cluster_set(daemons, salt_factories, tmp_path_factory):
     lb_dir = root / "lb"
     masters, entries = make_masters(daemons, tmp_path_factory, pillar_dir)
     section = cluster_section(entries, formula, pillar_dir, lb_dir)
-    write_cluster_pillar(pillar_dir, section)
+    # As in the README: the others join through the founder, one peer each (a joiner that
+    # asks several peers gets several join replies, and between two of them one of its
+    # workers can make a cluster key of its own); the override goes once the cluster formed.
+    write_cluster_pillar(pillar_dir, joining_through_founder(section))
     local, direct = minion_options(formula, pillar_dir)
     started = time.monotonic()
     cms, lb = apply_on_bare_hosts(daemons, masters, direct)
@@ -129,6 +135,11 @@ def cluster_set(daemons, salt_factories, tmp_path_factory):
     harness.wait_for(
         lambda: cluster_formed(masters, pki_dirs), FORM_TIMEOUT, 2, "the cluster to form"
     )
+    write_cluster_pillar(pillar_dir, section)
+    for cm in cms[1:]:
+        apply_local(cm, "multimaster.cluster", 'pillar={"multimaster": {"manage_services": false}}')
+    mopts = [multimaster_keystore.master_opts(m.config_dir) for m in masters]
+    mesh_peer_keys(mopts)
     for joined in masters[1:]:
         restart_on_cluster_key(
             joined, cluster_pub(mopts[0]), lambda: cluster_formed(masters, pki_dirs)
@@ -507,6 +518,29 @@ def pem_text(path):
 def cluster_pub(mopts):
     """The cluster public key a master holds (``cluster_pki_dir/cluster.pub``), or None."""
     return pem_text(pathlib.Path(mopts["cluster_pki_dir"]) / "cluster.pub")
+
+
+def joining_through_founder(section):
+    """``section`` with every master but the first knowing the first as its one peer."""
+    joining = copy.deepcopy(section)
+    for entry in joining["masters"][1:]:
+        entry["cluster_peers"] = [HOSTS[0]]
+    return joining
+
+
+def mesh_peer_keys(mopts):
+    """
+    Give every master the peer keys it lacks: a master joined through the founder holds the
+    founder's key only. The README shares them with ``multimaster.share_peer_keys``, which
+    ``test_a_fourth_master_joins_with_the_secret_and_then_publishes_to_every_minion`` drives;
+    here the set is made before any control minion runs.
+    """
+    for opts in mopts:
+        peers_dir = pathlib.Path(opts["cluster_pki_dir"]) / "peers"
+        for other in mopts:
+            held = peers_dir / f"{other['id']}.pub"
+            if other is not opts and not held.exists():
+                shutil.copyfile(pathlib.Path(other["pki_dir"]) / "master.pub", held)
 
 
 def restart_on_cluster_key(factory, key, settled):
