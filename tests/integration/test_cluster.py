@@ -117,9 +117,9 @@ def cluster_set(daemons, salt_factories, tmp_path_factory):
     lb_dir = root / "lb"
     masters, entries = make_masters(daemons, tmp_path_factory, pillar_dir)
     section = cluster_section(entries, formula, pillar_dir, lb_dir)
-    # As in the README: the others join through the founder, one peer each (a joiner that
-    # asks several peers gets several join replies, and between two of them one of its
-    # workers can make a cluster key of its own); the override goes once the cluster formed.
+    # As in the README: the others join through the founder, one peer each (each join reply
+    # rewrites the joiner's cluster key pair, and a process of it starting meanwhile can make
+    # one of its own: restart_on_cluster_key); the override goes once the cluster formed.
     write_cluster_pillar(pillar_dir, joining_through_founder(section))
     local, direct = minion_options(formula, pillar_dir)
     started = time.monotonic()
@@ -565,7 +565,7 @@ def restart_on_cluster_key(factory, founder, settled):
         print(f"\n{factory.id} kept a cluster key of its own after its join: given the founder's")
         for name in ("cluster.pem", "cluster.pub"):
             held = pathlib.Path(opts["cluster_pki_dir"]) / name
-            held.unlink()
+            held.unlink(missing_ok=True)
             shutil.copyfile(pathlib.Path(founder["cluster_pki_dir"]) / name, held)
             held.chmod(0o400)
     factory.start(start_timeout=START_TIMEOUT)
