@@ -2,15 +2,16 @@
 Fixtures for the key-plane tests: three masters and their control minions, real daemons.
 
 Each test module sets ``PREFIX`` (daemon ids) and ``PORTS`` (its own publish/ret pair, in
-31000-31999); it may set ``DAEMON_EXTRA`` (options for every daemon, e.g. debug logging) and
+31000-31999); it may set ``DAEMON_EXTRA`` (options for every daemon, e.g. debug logging),
 ``MASTER_OPTIONS(index, pillar_dir)`` (options for one master alone: its roots, its key-cache
-driver). The
-masters bind 127.0.0.4, 127.0.0.5 and 127.0.0.6 on those same ports, each with its own keypair
-(``sync_master_key`` must deliver the shared one), ``open_mode``/``auto_accept`` off. Each master
-has a control minion connected to master1 only and accepted there with ``salt-key``; the
-formula's modules reach them with ``saltutil.sync_all`` from master1's ``file_roots`` (the
-formula's parts, ``harness.served_formula``), as a user would. master1's config holds the
-``multimaster`` section the ``multimaster.master`` state would have written to ``master.d``.
+driver) and ``MASTER_D_OPTIONS`` (options every master's ``master.d`` file sets over what
+``multimaster.master`` renders there). The masters bind 127.0.0.4, 127.0.0.5 and 127.0.0.6 on those
+same ports, each with its own keypair (``sync_master_key`` must deliver the shared one),
+``open_mode``/``auto_accept`` off. Each master has a control minion connected to master1 only and
+accepted there with ``salt-key``; the formula's modules reach them with ``saltutil.sync_all`` from
+master1's ``file_roots`` (the formula's parts, ``harness.served_formula``), as a user would.
+master1's config holds the ``multimaster`` section the ``multimaster.master`` state would have
+written to ``master.d``.
 
 ``test_policy``, ``test_roots`` and ``test_faults`` share one such set for the whole package
 (``shared_key_cluster``, prefix ``ks``): it is made once, serves the roots those modules need
@@ -96,6 +97,11 @@ def daemon_extra(request):
     return dict(getattr(request.module, "DAEMON_EXTRA", {}))
 
 
+@pytest.fixture(scope="module")
+def master_d_options(request):
+    return dict(getattr(request.module, "MASTER_D_OPTIONS", {}))
+
+
 class PrimaryAcceptor(KeyAcceptor):
     """
     Auth-event callback for the masters: the key a fixture's minion submits to master1 is
@@ -138,7 +144,7 @@ def master_options(request):
 
 
 def start_key_masters(
-    daemons, pillar_dir, prefix, ports, daemon_extra, master_options, key_acceptor
+    daemons, pillar_dir, prefix, ports, daemon_extra, master_options, key_acceptor, master_d=None
 ):
     """
     master1..3 made and started (at once), each with its own keypair; master1 knows the set
@@ -170,7 +176,9 @@ def start_key_masters(
     # control minions' pillar (where multimaster_peer reads its own paths).
     for factory in factories:
         conf = pathlib.Path(factory.config_dir) / "master.d" / "multimaster.conf"
-        devkit.write_config(conf, devkit.multimaster_master_options(section))
+        devkit.write_config(
+            conf, {**devkit.multimaster_master_options(section), **(master_d or {})}
+        )
     devkit.write_multimaster_pillar(pillar_dir, section)
     daemons.start(*factories, timeout=START_TIMEOUT)
     return factories, section
@@ -221,6 +229,7 @@ def key_masters(
     ports,
     daemon_extra,
     master_options,
+    master_d_options,
     key_acceptor,
 ):
     """
@@ -228,7 +237,14 @@ def key_masters(
     """
     pillar_dir = tmp_path_factory.mktemp(f"{prefix}-pillar")
     return start_key_masters(
-        daemons, pillar_dir, prefix, ports, daemon_extra, master_options, key_acceptor
+        daemons,
+        pillar_dir,
+        prefix,
+        ports,
+        daemon_extra,
+        master_options,
+        key_acceptor,
+        master_d=master_d_options,
     )
 
 
