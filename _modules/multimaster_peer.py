@@ -200,7 +200,9 @@ def install_cluster_peer_keys(keys, order):
 def cluster_aes_info():
     """
     The stamp and digest of the cluster's AES key this master holds (``cluster_pki_dir/.aes``;
-    None before its first start) and a challenge for the runner's next envelope. Never the key.
+    None before its first start), the fingerprint of its cluster key pair (``cluster.pub``, and
+    whether ``cluster.pem`` is its private half) and a challenge for the runner's next
+    envelope. Never a key.
 
     CLI Example:
 

@@ -633,7 +633,8 @@ def status(masters=None, timeout=30, ping_timeout=5, test=False):
     In mode cluster: the Raft members as this master sees them (voters, learners, leader,
     configured masters missing), the balancer's frontends and every master's ports up, and
     whether every master holds one cluster AES key (``cluster_aes``: each key's stamp and a
-    digest prefix, asked of the control minions).
+    digest prefix, asked of the control minions) and one cluster key pair (``cluster_key``:
+    each ``cluster.pub`` fingerprint; ``comment`` names a master on another pair and the fix).
     Read-only: ``test=True`` (accepted like every runner here) changes nothing either.
 
     masters

@@ -83,6 +83,30 @@ def held_aes(mopts):
     return read_aes(mopts)[1]
 
 
+CLUSTER_KEY = "cluster.pem"
+CLUSTER_PUB = "cluster.pub"
+
+
+def held_cluster_key(mopts):
+    """
+    ``{"fingerprint", "pair"}`` of the cluster key pair the master of ``mopts`` holds in its
+    ``cluster_pki_dir``: the fingerprint of ``cluster.pub`` (None: no such file, or not a
+    public key) and whether ``cluster.pem`` is its private half. Public: the private key is
+    read here and never leaves. A joiner's own pair can survive its join (a process starting
+    while the join reply rewrites the files makes a new one), and its minions then meet another
+    master key than the cluster's.
+    """
+    directory = mopts["cluster_pki_dir"]
+    try:
+        with salt.utils.files.fopen(os.path.join(directory, CLUSTER_PUB), "r") as handle:
+            public = multimaster_keys.fingerprint(handle.read())
+        with salt.utils.files.fopen(os.path.join(directory, CLUSTER_KEY), "r") as handle:
+            private = multimaster_keys.private_key_fingerprint(handle.read())
+    except (OSError, ValueError, TypeError):
+        return {"fingerprint": None, "pair": False}
+    return {"fingerprint": public, "pair": public is not None and public == private}
+
+
 def newer(offered, held):
     """
     Does the key described by ``offered`` (``{"stamp", "digest"}``) replace the one described by
@@ -443,6 +467,13 @@ def aes_info_check(answer):
         isinstance(held.get("stamp"), (int, float)) and isinstance(held.get("digest"), str)
     ):
         raise ValueError("held is not a stamp and a digest")
+    pair = answer.get("cluster_key")
+    if pair is not None and not (
+        isinstance(pair, dict)
+        and (pair.get("fingerprint") is None or isinstance(pair["fingerprint"], str))
+        and isinstance(pair.get("pair"), bool)
+    ):
+        raise ValueError("cluster_key is not a fingerprint and a pair flag")
     return answer
 
 
@@ -702,6 +733,55 @@ def aes_agreement(held, errors):
     digests = {h["digest"] if h else None for h in held.values()}
     alike = not errors and len(digests) == 1 and None not in digests
     return {"alike": alike, "masters": dict(sorted(masters.items()))}, not alike
+
+
+CLUSTER_KEY_REPAIR = (
+    "stop each master named, copy cluster.pem and cluster.pub from a master holding the "
+    "cluster's key into its cluster_pki_dir (mode 0400) and start it (docs/cluster.md)"
+)
+
+
+def cluster_key_agreement(held, errors):
+    """
+    ``(report, failed)``: whether every master holds one cluster key pair. A master holding
+    another pair hands its minions another master key than the cluster's: they refuse the
+    cluster's publishes, or the others' minions refuse its own.
+
+    held
+        ``{master id: {"fingerprint", "pair"} or None}`` (``held_cluster_key``; None: its
+        control minion did not report it).
+
+    errors
+        ``{master id: why}`` for masters whose pair could not be asked.
+    """
+    counts = {}
+    for pair in held.values():
+        if pair and pair["fingerprint"] and pair["pair"]:
+            counts[pair["fingerprint"]] = counts.get(pair["fingerprint"], 0) + 1
+    # The fingerprint most masters hold is the cluster's (a lone joiner made the other one).
+    common = max(counts, key=counts.get) if counts else None
+    masters = {m: {"error": why} for m, why in errors.items()}
+    for master, pair in held.items():
+        masters[master] = _cluster_key_entry(pair, common)
+    off = sorted(m for m, entry in masters.items() if "error" in entry or not entry["alike"])
+    report = {"alike": not off, "masters": dict(sorted(masters.items()))}
+    if off:
+        report["comment"] = f"{', '.join(off)}: {CLUSTER_KEY_REPAIR}"
+    return report, bool(off)
+
+
+def _cluster_key_entry(pair, common):
+    if pair is None:
+        return {
+            "error": "its control minion does not report its cluster key pair: "
+            "sync the formula's modules to it (saltutil.sync_all)"
+        }
+    if pair["fingerprint"] is None:
+        return {"error": "no cluster.pub (or not a public key) in its cluster_pki_dir"}
+    entry = {"fingerprint": pair["fingerprint"], "alike": pair["fingerprint"] == common}
+    if not pair["pair"]:
+        entry.update(alike=False, error="its cluster.pem is not the private half of cluster.pub")
+    return entry
 
 
 def _ports_open(address, ports):

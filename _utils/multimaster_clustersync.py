@@ -77,6 +77,7 @@ def aes_held(minion_opts, master, mopts):
     """
     return {
         "held": multimaster_cluster.held_aes(mopts),
+        "cluster_key": multimaster_cluster.held_cluster_key(mopts),
         "binding": multimaster_seal.binding(minion_opts, master),
     }
 
@@ -290,19 +291,25 @@ def share_cluster_aes(run, masters=None, test=False, timeout=60):
     return multimaster_control.finish(run, ret, not all(r["result"] for r in report.values()))
 
 
-def aes_agreement(run, section, timeout):
+def key_agreement(run, section, timeout):
     """
-    ``multimaster_cluster.aes_agreement`` over every master of ``section``: this master's key
-    read here, each other's asked of its control minion (``cluster_aes_info``).
+    ``(aes report, aes differ, key pair report, pair differs)``: ``multimaster_cluster.
+    aes_agreement`` and ``cluster_key_agreement`` over every master of ``section``, this
+    master's keys read here, each other's asked of its control minion (``cluster_aes_info``).
     """
     here = multimaster_control.this_master(run, section)
     held = {here: multimaster_cluster.held_aes(run.opts)} if here else {}
+    pairs = {here: multimaster_cluster.held_cluster_key(run.opts)} if here else {}
     peers = [m for m in multimaster_control.ids(section) if m != here]
     answers, errors = multimaster_control.call(
         run, section, peers, "cluster_aes_info", {}, timeout, multimaster_cluster.aes_info_check
     )
     held.update({m: answer["held"] for m, answer in answers.items()})
-    return multimaster_cluster.aes_agreement(held, errors)
+    pairs.update({m: answer.get("cluster_key") for m, answer in answers.items()})
+    return (
+        *multimaster_cluster.aes_agreement(held, errors),
+        *multimaster_cluster.cluster_key_agreement(pairs, errors),
+    )
 
 
 def cluster_aes_rotated(run, timeout=60):

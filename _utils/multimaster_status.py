@@ -109,13 +109,17 @@ def status(run, masters=None, timeout=30, ping_timeout=5, test=False):
 def cluster_status(run, section, timeout):
     """
     Mode cluster: Salt's Raft membership as this master sees it (``cluster.members``), the
-    ports up (``multimaster_cluster.status_report``) and one cluster AES key on every master
-    (``multimaster_clustersync.aes_agreement``, ``timeout`` for the control minions).
+    ports up (``multimaster_cluster.status_report``), and one cluster AES key and one cluster
+    key pair on every master (``multimaster_clustersync.key_agreement``, ``timeout`` for the
+    control minions).
     """
     members = multimaster_clustersync.members(run.opts)
     report, failed = multimaster_cluster.status_report(section, members)
-    report["cluster_aes"], differ = multimaster_clustersync.aes_agreement(run, section, timeout)
-    return multimaster_control.finish(run, report, failed or differ)
+    aes, aes_differ, pair, pair_differs = multimaster_clustersync.key_agreement(
+        run, section, timeout
+    )
+    report["cluster_aes"], report["cluster_key"] = aes, pair
+    return multimaster_control.finish(run, report, failed or aes_differ or pair_differs)
 
 
 def _set_status(run, section, timeout, ping_timeout):

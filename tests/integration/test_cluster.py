@@ -21,6 +21,8 @@ import multimaster_keywrite
 import psutil
 import pytest
 import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from . import harness
 from .harness import START_TIMEOUT, Ports, devkit, kill_daemons_of
@@ -385,7 +387,52 @@ def test_status_understands_cluster_mode(cluster_set):
     assert report["cluster_aes"]["alike"] is True
     assert sorted(report["cluster_aes"]["masters"]) == list(HOSTS)
     assert len({m["digest"] for m in report["cluster_aes"]["masters"].values()}) == 1
+    # And one cluster key pair (cluster.pem the private half of cluster.pub on each).
+    assert report["cluster_key"]["alike"] is True
+    assert sorted(report["cluster_key"]["masters"]) == list(HOSTS)
+    assert len({m["fingerprint"] for m in report["cluster_key"]["masters"].values()}) == 1
     assert report["retcode"] == 0
+
+
+def test_status_names_a_master_holding_a_cluster_key_pair_of_its_own(cluster_set):
+    """
+    What a joiner keeps when its join races the key files (``restart_on_cluster_key``): a pair
+    of its own in its ``cluster_pki_dir``. ``status`` fails, names that master (asked of its
+    control minion) and the repair; the pair put back, it passes again.
+    """
+    directory = pathlib.Path(cluster_set["mopts"][2]["cluster_pki_dir"])
+    held = {name: (directory / name).read_bytes() for name in ("cluster.pem", "cluster.pub")}
+    own = own_pair()
+    try:
+        for name, data in own.items():
+            (directory / name).write_bytes(data)
+        ret = cluster_status(cluster_set["masters"][0])
+        assert ret.returncode != 0, ret
+        pair = ret.data["cluster_key"]
+        assert pair["alike"] is False and pair["masters"][HOSTS[2]]["alike"] is False, pair
+        assert pair["masters"][HOSTS[0]]["alike"] is True, pair
+        assert pair["comment"].startswith(f"{HOSTS[2]}: stop each master named"), pair
+        assert "cluster.pem and cluster.pub" in pair["comment"], pair
+    finally:
+        for name, data in held.items():
+            (directory / name).write_bytes(data)
+    ret = cluster_status(cluster_set["masters"][0])
+    assert ret.returncode == 0 and ret.data["cluster_key"]["alike"] is True, ret
+
+
+def own_pair():
+    """``{"cluster.pem", "cluster.pub"}`` bytes of a new RSA pair, as Salt writes them."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return {
+        "cluster.pem": key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        ),
+        "cluster.pub": key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ),
+    }
 
 
 def secret_leaks(cluster_set, secret, masters):

@@ -11,11 +11,14 @@ import time
 
 import multimaster_cluster as mc
 import multimaster_haproxy as mh
+import multimaster_keys
 import multimaster_pillarcheck
 import multimaster_settings as ms
 import pytest
 import salt.config
 import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from salt.exceptions import CommandExecutionError
 
 SECRET = "cluster-secret-marker-" + "7" * 20
@@ -283,6 +286,74 @@ def test_aes_agreement_fails_on_another_key_no_key_or_a_master_not_asked():
     why = "control minion salt3 did not answer"
     report, failed = mc.aes_agreement({HOSTS[0]: one, HOSTS[1]: one}, {HOSTS[2]: why})
     assert failed and report["masters"][HOSTS[2]] == {"error": why}
+
+
+def write_pair(directory, private, public=None):
+    """
+    ``cluster.pem`` holding ``private`` and ``cluster.pub`` holding ``public`` (default: its
+    own public half) in ``directory``, as Salt writes them.
+    """
+    public = public or private
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "cluster.pem").write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+    (directory / "cluster.pub").write_bytes(
+        public.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+
+
+def test_held_cluster_key_gives_the_pub_fingerprint_and_whether_the_pem_is_its_half(tmp_path):
+    one, other = (rsa.generate_private_key(public_exponent=65537, key_size=2048) for _ in "12")
+    write_pair(tmp_path / "a", one)
+    held = mc.held_cluster_key({"cluster_pki_dir": str(tmp_path / "a")})
+    pub = (tmp_path / "a" / "cluster.pub").read_text()
+    assert held == {"fingerprint": multimaster_keys.fingerprint(pub), "pair": True}
+    # A pem and a pub of two pairs (the join race can interleave the two writes).
+    write_pair(tmp_path / "b", one, public=other)
+    assert mc.held_cluster_key({"cluster_pki_dir": str(tmp_path / "b")})["pair"] is False
+    missing = mc.held_cluster_key({"cluster_pki_dir": str(tmp_path / "none")})
+    assert missing == {"fingerprint": None, "pair": False}
+    (tmp_path / "a" / "cluster.pem").write_text("not a key")
+    assert mc.held_cluster_key({"cluster_pki_dir": str(tmp_path / "a")})["pair"] is False
+
+
+def test_cluster_key_agreement_names_the_master_holding_another_pair_and_the_repair():
+    one = {"fingerprint": "aa:" * 31 + "aa", "pair": True}
+    other = {"fingerprint": "bb:" * 31 + "bb", "pair": True}
+    report, failed = mc.cluster_key_agreement(dict.fromkeys(HOSTS, one), {})
+    assert not failed and report["alike"] is True and "comment" not in report
+    assert report["masters"][HOSTS[2]] == {"fingerprint": one["fingerprint"], "alike": True}
+    # The lone joiner is the one off, whichever master runs status.
+    report, failed = mc.cluster_key_agreement({HOSTS[0]: other, HOSTS[1]: one, HOSTS[2]: one}, {})
+    assert failed and report["masters"][HOSTS[0]]["alike"] is False
+    assert report["comment"].startswith(f"{HOSTS[0]}: stop each master named")
+    assert "cluster.pem and cluster.pub" in report["comment"]
+    report, failed = mc.cluster_key_agreement(
+        {HOSTS[0]: one, HOSTS[1]: dict(one, pair=False), HOSTS[2]: None}, {}
+    )
+    assert failed and report["comment"].startswith(f"{HOSTS[1]}, {HOSTS[2]}: ")
+    assert "not the private half" in report["masters"][HOSTS[1]]["error"]
+    assert "saltutil.sync_all" in report["masters"][HOSTS[2]]["error"]
+    why = "control minion salt3 did not answer"
+    report, failed = mc.cluster_key_agreement({HOSTS[0]: one, HOSTS[1]: one}, {HOSTS[2]: why})
+    assert failed and report["masters"][HOSTS[2]] == {"error": why}
+
+
+def test_an_aes_info_answer_with_a_malformed_cluster_key_is_refused():
+    held = {"stamp": 5.0, "digest": "a" * 64}
+    assert mc.aes_info_check({"held": held})["held"] == held
+    good = {"fingerprint": "aa:bb", "pair": True}
+    assert mc.aes_info_check({"held": held, "cluster_key": good})["cluster_key"] == good
+    for bad in ("aa:bb", {"fingerprint": 7, "pair": True}, {"fingerprint": "aa", "pair": "yes"}):
+        with pytest.raises(ValueError, match="cluster_key"):
+            mc.aes_info_check({"held": held, "cluster_key": bad})
 
 
 CLUSTER_SET = [
