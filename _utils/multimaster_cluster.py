@@ -749,7 +749,7 @@ def cluster_key_agreement(held, errors):
 
     held
         ``{master id: {"fingerprint", "pair"} or None}`` (``held_cluster_key``; None: its
-        control minion did not report it).
+        control minion did not report it), the master running status first.
 
     errors
         ``{master id: why}`` for masters whose pair could not be asked.
@@ -758,7 +758,8 @@ def cluster_key_agreement(held, errors):
     for pair in held.values():
         if pair and pair["fingerprint"] and pair["pair"]:
             counts[pair["fingerprint"]] = counts.get(pair["fingerprint"], 0) + 1
-    # The fingerprint most masters hold is the cluster's (a lone joiner made the other one).
+    # The fingerprint most masters hold is the cluster's (a lone joiner made the other one);
+    # on a tie, the one met first: ``key_agreement`` puts the master running status first.
     common = max(counts, key=counts.get) if counts else None
     masters = {m: {"error": why} for m, why in errors.items()}
     for master, pair in held.items():
