@@ -357,7 +357,7 @@ def master_runners_synced(name):
         return ret
     try:
         synced = __salt__["multimaster_daemons.sync_master_modules"](
-            restart=False, forms=["runners", "utils"]
+            restart=False, forms=["runners", "utils", "engines"]
         )["synced"]
     except CommandExecutionError as exc:
         ret.update(result=False, comment=str(exc))

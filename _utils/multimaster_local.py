@@ -152,7 +152,9 @@ def settings(salt_funcs, opts, grains, context, formula_defaults=None):
             else []
         ),
     }
-    # The master.d reactors call the formula's runners: the master state syncs them first.
+    # The master.d reactors call the formula's runners, and the roots watch is an engine: the
+    # master state syncs them before the restart that loads them.
     merged["shares_cluster_aes"] = multimaster_settings.shares_cluster_aes(merged)
+    merged["syncs_master_modules"] = multimaster_settings.syncs_master_modules(merged)
     merged["config"] = _configs(merged, local_master)
     return merged

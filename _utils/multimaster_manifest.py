@@ -23,6 +23,7 @@ import stat
 import time
 
 import multimaster_daemon
+import multimaster_rootswatch
 import multimaster_safefs
 import multimaster_seal
 import multimaster_transport
@@ -45,13 +46,18 @@ def ignored_by(opts):
     opts
         The master's opts.
     """
-    regexes = [re.compile(r) for r in opts.get("file_ignore_regex") or []]
+    patterns = list(opts.get("file_ignore_regex") or [])
+    regexes = [re.compile(r) for r in patterns]
     globs = list(opts.get("file_ignore_glob") or [])
     if not regexes and not globs:
         return None
-    return lambda rel: (
-        any(r.search(rel) for r in regexes) or any(fnmatch.fnmatch(rel, g) for g in globs)
-    )
+
+    def ignored(rel):
+        return any(r.search(rel) for r in regexes) or any(fnmatch.fnmatch(rel, g) for g in globs)
+
+    # What a kept snapshot was read with: other patterns, another tree.
+    ignored.key = [patterns, globs]
+    return ignored
 
 
 def _hash_cache_path(cachedir, root):
@@ -72,15 +78,15 @@ def _load_hashes(path):
     return hashes if isinstance(hashes, dict) else {}
 
 
-def _save_hashes(path, hashes):
+def _save_json(path, document):
     """
-    Replace the hash cache at ``path`` atomically (in the master's 0700 cachedir); a cache
-    that cannot be written only costs the next run its hashing.
+    Replace the cache file at ``path`` (a hash cache or a snapshot, in the master's 0700
+    cachedir) atomically; one that cannot be written only costs the next run its reading.
     """
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         with salt.utils.atomicfile.atomic_open(path, "w") as handle:
-            json.dump(hashes, handle, separators=(",", ":"))
+            json.dump(document, handle, separators=(",", ":"))
     except OSError:
         pass
 
@@ -103,7 +109,7 @@ def _cached_sha(cached, key):
     return sha if isinstance(sha, str) and _SHA256_HEX.fullmatch(sha) else None
 
 
-def manifest(root, ignored=None, cachedir=None, dirs=None):
+def manifest(root, ignored=None, cachedir=None, dirs=None, how=None):
     """
     ``(files, skipped)`` of the tree at ``root``: ``files`` maps relative paths to
     ``{"size", "mode", "sha256"}``; ``skipped`` maps relative paths to the reason (symlink,
@@ -118,42 +124,219 @@ def manifest(root, ignored=None, cachedir=None, dirs=None):
     cachedir
         The master's cachedir: a file whose device, inode, size, mtime and ctime are those it
         had when it was last hashed there is not read again (``ctime`` cannot be set back, so
-        content rewritten with its old size and mtime is hashed again).
+        content rewritten with its old size and mtime is hashed again). Where the
+        ``multimaster_rootswatch`` engine keeps a record of the root, only the directories
+        changed since the last read are read (``_read_with_record``).
 
     dirs
         A dict to fill with the permission bits of each directory that holds a listed file,
         below it or directly, the root (``""``) included (empty directories are not synced).
+
+    how
+        A dict to fill with ``watched``: whether the read went through the roots watch's
+        record.
     """
-    files, skipped, modes = {}, {}, {}
     if not os.path.isdir(root):
-        return files, skipped
-    cache_path = _hash_cache_path(cachedir, root) if cachedir else None
-    known = _load_hashes(cache_path) if cache_path else {}
-    fresh, trusted_before = {}, time.time_ns() - _RACY_NS
-    for rel, entry, dfd in multimaster_safefs.walk(root, skipped, ignored, dirs=modes):
-        info = entry.stat(follow_symlinks=False)
-        key = _stat_key(info)
-        sha = _cached_sha(known.get(rel), key)
-        if sha is None:
-            try:
-                sha = multimaster_safefs.sha256_fd(
-                    multimaster_safefs.open_regular(entry.name, dfd, expect=info)
-                )
-            except OSError as exc:
-                skipped[rel] = f"changed during the scan ({exc.strerror or exc})"
-                continue
-        if max(info.st_mtime_ns, info.st_ctime_ns) < trusted_before:
-            fresh[rel] = [*key, sha]
-        files[rel] = {
-            "size": info.st_size,
-            "mode": stat.S_IMODE(info.st_mode) & 0o777,
-            "sha256": sha,
-        }
-    if cache_path and fresh != known:
-        _save_hashes(cache_path, fresh)
+        return {}, {}
+    read = _read_with_record(root, ignored, cachedir) if cachedir else None
+    if how is not None:
+        how["watched"] = read is not None
+    if read is None:
+        read = _read_with_hash_cache(root, ignored, cachedir)
+    files, skipped, modes = read
     if dirs is not None:
         dirs.update(_holding(files, modes))
     return files, skipped
+
+
+def _scanned(rel, entry, dfd, known, skipped):
+    """
+    The record ``[dev, ino, size, mtime_ns, ctime_ns, sha256, mode]`` of the file ``entry``
+    (``rel``), its hash taken from ``known`` where its stat key is the one recorded there;
+    None (and the reason in ``skipped``) when it changed while it was read.
+    """
+    info = entry.stat(follow_symlinks=False)
+    key = _stat_key(info)
+    sha = _cached_sha(known.get(rel), key)
+    if sha is None:
+        try:
+            sha = multimaster_safefs.sha256_fd(
+                multimaster_safefs.open_regular(entry.name, dfd, expect=info)
+            )
+        except OSError as exc:
+            skipped[rel] = f"changed during the scan ({exc.strerror or exc})"
+            return None
+    return [*key, sha, stat.S_IMODE(info.st_mode) & 0o777]
+
+
+def _racy(record, trusted_before):
+    return max(record[3], record[4]) >= trusted_before
+
+
+def _as_files(records):
+    return {rel: {"size": r[2], "mode": r[6], "sha256": r[5]} for rel, r in records.items()}
+
+
+def _read_with_hash_cache(root, ignored, cachedir):
+    """``(files, skipped, modes)`` of the whole tree, hashes kept in ``cachedir``."""
+    skipped, modes, records = {}, {}, {}
+    cache_path = _hash_cache_path(cachedir, root) if cachedir else None
+    known = _load_hashes(cache_path) if cache_path else {}
+    trusted_before = time.time_ns() - _RACY_NS
+    for rel, entry, dfd in multimaster_safefs.walk(root, skipped, ignored, dirs=modes):
+        record = _scanned(rel, entry, dfd, known, skipped)
+        if record is not None:
+            records[rel] = record
+    fresh = {rel: r[:6] for rel, r in records.items() if not _racy(r, trusted_before)}
+    if cache_path and fresh != known:
+        _save_json(cache_path, fresh)
+    return _as_files(records), skipped, modes
+
+
+# --- reading what changed, from the record the roots watch keeps ------------------------------
+
+# Beyond this many changed directories a read walks the whole tree (still hashing only what
+# changed): dropping each one's entries from the snapshot would cost more.
+_MOST_DIRS = 256
+
+
+def _snapshot_path(cachedir, root):
+    name = hashlib.sha256(os.path.abspath(root).encode()).hexdigest()
+    return os.path.join(cachedir, "multimaster", "roots-snapshots", f"{name}.json")
+
+
+def _load_snapshot(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            snapshot = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    fields = {"instance": str, "seq": int, "records": dict, "skipped": dict, "modes": dict}
+    if not isinstance(snapshot, dict) or any(
+        not isinstance(snapshot.get(k), t) for k, t in fields.items()
+    ):
+        return {}
+    return snapshot
+
+
+def _read_with_record(root, ignored, cachedir):
+    """
+    ``(files, skipped, modes)`` of the tree at ``root`` from the snapshot of its last read,
+    with the directories the roots watch's record names as changed since read again (all of
+    it where the record cannot say: ``multimaster_rootswatch.usable``); None where no engine
+    watches the root. The snapshot (the master's 0700 cachedir) is then brought to the
+    record's number.
+    """
+    path = _snapshot_path(cachedir, root)
+    snapshot = _load_snapshot(path)
+    answer = multimaster_rootswatch.changes_since(cachedir, snapshot.get("seq", 0))
+    try:
+        info = os.stat(root)
+    except OSError:
+        return None
+    identity = [info.st_dev, info.st_ino]
+    watched = ((answer or {}).get("roots") or {}).get(root)
+    if not isinstance(watched, dict) or not watched.get("watched"):
+        return None
+    ignore_key = getattr(ignored, "key", None)
+    changed = None
+    if snapshot.get("ignore") == ignore_key and snapshot.get("identity") == identity:
+        changed = multimaster_rootswatch.usable(
+            answer, root, snapshot["seq"], snapshot["instance"], identity
+        )
+    trusted_before = time.time_ns() - _RACY_NS
+    before, racy = _snapshot_records(snapshot)
+    # A stat key says whether a file is the one hashed, whatever the record says.
+    known = {rel: r[:6] for rel, r in before.items() if rel not in racy} or _load_hashes(
+        _hash_cache_path(cachedir, root)
+    )
+    todo = _to_read(changed, racy)
+    if len(todo) > _MOST_DIRS:
+        todo = {"": True}
+    if changed is None:
+        records, skipped, modes = {}, {}, {}
+    else:
+        records, skipped, modes = _dropped(
+            before, dict(snapshot["skipped"]), dict(snapshot["modes"]), todo
+        )
+    for below, subtree in todo.items():
+        for rel, entry, dfd in multimaster_safefs.walk(
+            root, skipped, ignored, dirs=modes, below=below, recursive=subtree
+        ):
+            record = _scanned(rel, entry, dfd, known, skipped)
+            if record is not None:
+                records[rel] = record
+    if todo or snapshot.get("seq") != answer["seq"] or changed is None:
+        _save_json(
+            path,
+            {
+                "instance": answer["instance"],
+                "seq": answer["seq"],
+                "identity": identity,
+                "ignore": ignore_key,
+                "records": records,
+                "skipped": skipped,
+                "modes": modes,
+                "racy": sorted(r for r, v in records.items() if _racy(v, trusted_before)),
+            },
+        )
+    return _as_files(records), skipped, modes
+
+
+def _snapshot_records(snapshot):
+    """``(records, racy)`` of a snapshot: its well-formed file records, the too-recent ones."""
+    records = {
+        rel: r
+        for rel, r in (snapshot.get("records") or {}).items()
+        if isinstance(r, list) and len(r) == 7
+    }
+    return records, set(snapshot.get("racy") or []) if records else set()
+
+
+def _to_read(changed, racy):
+    """
+    ``{directory: subtree}`` to read again: the changed ones (the whole tree where ``changed``
+    is None), the directories of files that were written too recently to trust their stat, and
+    none inside a subtree read in full.
+    """
+    if changed is None:
+        return {"": True}
+    todo = {d: bool(s) for d, s in changed.items() if isinstance(d, str)}
+    for rel in racy:
+        todo.setdefault(_dir_of(rel), False)
+    subtrees = sorted(d for d, s in todo.items() if s)
+    if "" in subtrees:
+        return {"": True}
+    return {
+        d: s
+        for d, s in todo.items()
+        if not any(d != t and (d + "/").startswith(t + "/") for t in subtrees)
+    }
+
+
+def _dropped(records, skipped, modes, todo):
+    """``records``, ``skipped`` and ``modes`` without what ``todo`` reads again."""
+    if todo.get(""):
+        return {}, {}, {}
+    flat = {d for d, s in todo.items() if not s}
+    prefixes = tuple(d + "/" for d, s in todo.items() if s)
+    subtrees = {d for d, s in todo.items() if s}
+
+    def stays(rel):
+        return _dir_of(rel) not in flat and not rel.startswith(prefixes)
+
+    def mode_stays(directory):
+        return (
+            directory not in flat
+            and directory not in subtrees
+            and not (directory + "/").startswith(prefixes)
+        )
+
+    return (
+        {rel: r for rel, r in records.items() if stays(rel)},
+        {rel: why for rel, why in skipped.items() if stays(rel)},
+        {d: m for d, m in modes.items() if mode_stays(d)},
+    )
 
 
 def _holding(files, modes):
@@ -175,7 +358,8 @@ def manifests(opts, kinds):
     of the master whose ``opts`` are given, per kind (``file_roots``/``pillar_roots``), per
     environment, in position order. ``file_roots`` leave out what the file server ignores.
     Hashes are kept in the master's cachedir (``manifest``). Each entry also holds ``dirs``,
-    the modes of its directories (``manifest``), which its digest covers.
+    the modes of its directories (``manifest``), which its digest covers, and ``watched``,
+    whether it was read through the roots watch's record.
 
     opts
         The master's opts (its own config: roots never come from an argument).
@@ -190,8 +374,8 @@ def manifests(opts, kinds):
         for env, paths in (opts.get(kind) or {}).items():
             out[kind][env] = []
             for path in paths:
-                dirs = {}
-                files, skipped = manifest(str(path), ignored, opts.get("cachedir"), dirs)
+                dirs, how = {}, {}
+                files, skipped = manifest(str(path), ignored, opts.get("cachedir"), dirs, how)
                 out[kind][env].append(
                     {
                         "path": str(path),
@@ -199,6 +383,7 @@ def manifests(opts, kinds):
                         "dirs": dirs,
                         "skipped": skipped,
                         "digest": digest(files, dirs),
+                        "watched": how.get("watched", False),
                     }
                 )
     return out
@@ -460,15 +645,17 @@ def summarized_manifests(mopts, kinds):
 
 def _summary(kind, root):
     """
-    What a return may say of one root's manifest: its path, digest, file count and how many
-    entries were skipped, with a sample of those (path and why) for ``file_roots`` only: the
-    names of pillar files are for sealed manifests.
+    What a return may say of one root's manifest: its path, digest, file count, whether it was
+    read through the roots watch's record and how many entries were skipped, with a sample of
+    those (path and why) for ``file_roots`` only: the names of pillar files are for sealed
+    manifests.
     """
     summary = {
         "path": root["path"],
         "digest": root["digest"],
         "count": len(root["files"]),
         "skipped_count": len(root["skipped"]),
+        "watched": root.get("watched", False),
     }
     if kind != "pillar_roots":
         summary["skipped"] = dict(list(root["skipped"].items())[:SAMPLE])

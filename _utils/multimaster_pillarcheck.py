@@ -330,6 +330,7 @@ def _check_minion(minion, ports):
 
 
 def _check_master_options(master):
+    _check_bool(master, "roots_watch", "master")
     for key in ROOTS_KEYS:
         if key in master:
             _check_roots(master[key], f"master:{key}")

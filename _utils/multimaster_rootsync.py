@@ -213,7 +213,19 @@ def _synced_masters(run, found, round_, test, timeout):
             out[master] = {"result": True, "changed": False}
         else:
             out[master] = _sync_one_root_set(run, found, master, round_, test, timeout)
+        out[master]["watched"] = _watched(round_.answers[master]["roots"])
     return out
+
+
+def _watched(roots):
+    """
+    Whether a master read every one of its roots through the roots watch's record
+    (``docs/roots.md``): False names a master that stats every file at each sync.
+    """
+    found = [
+        r.get("watched") is True for envs in roots.values() for rs in envs.values() for r in rs
+    ]
+    return bool(found) and all(found)
 
 
 def _sync_one_root_set(run, found, master, round_, test, timeout):

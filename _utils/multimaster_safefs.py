@@ -150,7 +150,7 @@ def open_below(root, relpath):
         os.close(dfd)
 
 
-def walk(root, skipped, ignored=None, temps=None, dirs=None):
+def walk(root, skipped, ignored=None, temps=None, dirs=None, below="", recursive=True):
     """
     ``(relpath, entry, dir_fd)`` of each regular file below ``root`` (a ``DirEntry`` read
     through ``dir_fd``, its directory's fd, open while the caller looks at it). Directories
@@ -172,8 +172,22 @@ def walk(root, skipped, ignored=None, temps=None, dirs=None):
 
     dirs
         A dict to fill with the permission bits of each directory entered (``""``: the root).
+
+    below
+        Walk only the directory at this relative path (reached without following a symlink;
+        a missing one, or one that is not a plain directory, yields nothing).
+
+    recursive
+        False: only the files directly in that directory.
     """
-    stack = [("", os.open(root, _DIR_FLAGS & ~os.O_NOFOLLOW))]
+    if below:
+        try:
+            start = _open_dir(root, check_relpath(below), create=False)
+        except OSError:
+            return
+        stack = [(f"{below}/", start)]
+    else:
+        stack = [("", os.open(root, _DIR_FLAGS & ~os.O_NOFOLLOW))]
     try:
         while stack:
             prefix, dfd = stack.pop()
@@ -198,7 +212,7 @@ def walk(root, skipped, ignored=None, temps=None, dirs=None):
                         elif entry.is_symlink():
                             skipped[rel] = "symlink (never followed)"
                         elif is_dir:
-                            if entry.name not in VCS_DIRS:
+                            if recursive and entry.name not in VCS_DIRS:
                                 _enter(stack, rel, entry.name, dfd, skipped)
                         elif entry.is_file(follow_symlinks=False):
                             yield rel, entry, dfd

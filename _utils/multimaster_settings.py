@@ -271,6 +271,29 @@ def shares_cluster_aes(settings):
     return settings["mode"] == "cluster" and bool(settings["cluster"]["isolated_filesystem"])
 
 
+def watches_roots(settings):
+    """
+    Does each master run the roots watch engine? Modes hot and failover, unless pillar turns
+    it off: a cluster's masters take no ``sync_roots``.
+    """
+    return bool(settings["master"]["roots_watch"]) and settings["mode"] != "cluster"
+
+
+def syncs_master_modules(settings):
+    """
+    Does ``multimaster.master`` sync the formula's runners, utils and engines into the
+    master's ``extension_modules`` before the restart that loads them (reactors calling the
+    runners, the roots watch engine)?
+    """
+    reactor = settings["reactor"]
+    return bool(
+        reactor["keys"]
+        or reactor["first_highstate"]
+        or shares_cluster_aes(settings)
+        or watches_roots(settings)
+    )
+
+
 def reactor_config(settings):
     """
     The master's ``reactor`` list: the switches of ``multimaster:reactor`` that are on, and the
@@ -360,6 +383,9 @@ def master_config(settings, master, own=None):
     if gitfs["remotes"]:
         config["gitfs_provider"] = gitfs["provider"]
         config["gitfs_remotes"] = gitfs["remotes"]
+    if watches_roots(settings):
+        # Salt merges list options across master.d files: a shop's own engines stay.
+        config["engines"] = [{"multimaster_rootswatch": {}}]
     config.update(section["config"])
     return config
 

@@ -25,7 +25,10 @@ Then one run measures, every figure the median of ``--repeat`` turns, each turn 
 - peak RSS of the ``salt-run`` process (against ``salt-run test.arg``, its idle size) and of
   master2's control minion and master1's daemons (against their size before the first sync).
 
-Usage: ``python bench/bench_sync_roots.py [--shapes large,small] [--repeat 3]``.
+Both masters run the roots watch engine (``multimaster_rootswatch``), as ``multimaster.master``
+configures a hot or failover set; ``--no-watch`` measures without it.
+
+Usage: ``python bench/bench_sync_roots.py [--shapes large,small] [--repeat 3] [--no-watch]``.
 """
 
 import argparse
@@ -51,8 +54,14 @@ MASTERS = [("master1", "127.0.0.21"), ("master2", "127.0.0.22")]
 LARGE = 100  # files that hold most of the bytes
 
 
+# Both masters run the roots watch engine, as ``multimaster.master`` configures them
+# (``multimaster:master:roots_watch``, default true); ``--no-watch`` leaves it out.
+ENGINES = [{"multimaster_rootswatch": {}}]
+
+
 def roots(mid):
     return {
+        **({"engines": ENGINES} if ENGINES else {}),
         "file_roots": {"base": [LAB.path(mid, "formula"), LAB.path(mid, "tree")]},
         # master1 serves the control minions' multimaster pillar; master2 has its own dir.
         "pillar_roots": {
@@ -125,13 +134,15 @@ def sync_roots():
 
 def forget_hashes():
     """
-    Remove every master's hash cache of its roots (``<cachedir>/multimaster/roots-hashes``):
+    Remove every master's hash cache of its roots (``<cachedir>/multimaster/roots-hashes``)
+    and the snapshots of their last reads (``roots-snapshots``, kept with the roots watch):
     the next sync hashes every file again, on both sides.
     """
     for dirpath, dirnames, _ in os.walk(LAB.run_dir):
-        if "roots-hashes" in dirnames:
-            shutil.rmtree(os.path.join(dirpath, "roots-hashes"))
-            dirnames.remove("roots-hashes")
+        for cache in ("roots-hashes", "roots-snapshots"):
+            if cache in dirnames:
+                shutil.rmtree(os.path.join(dirpath, cache))
+                dirnames.remove(cache)
 
 
 def tree_size(root):
@@ -148,6 +159,9 @@ def parse_args():
     parser.add_argument("--shapes", default=",".join(SHAPES), help="tree shapes, in turn")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--keep", action="store_true", help="leave the daemons running")
+    parser.add_argument(
+        "--no-watch", action="store_true", help="no roots watch engine: every sync stats all"
+    )
     return parser.parse_args()
 
 
@@ -299,6 +313,8 @@ def print_results(shape, found):
 
 def main():
     args = parse_args()
+    if args.no_watch:
+        ENGINES.clear()
     rsync = shutil.which("rsync")
     if not rsync:
         raise SystemExit("rsync is needed for the comparison: apt-get install rsync")

@@ -234,7 +234,9 @@ class BenchLab:
             prepare()
         primary = self.masters[0][0]
         acceptors = [mid for mid, _ in self.masters] if self.hot else [primary]
-        for mid in acceptors:
+        # A master that runs the formula's engines needs them synced before it starts.
+        engines = any(self.roots(mid).get("engines") for mid, _ in self.masters)
+        for mid in [mid for mid, _ in self.masters] if engines else acceptors:
             # Before the master starts: its reactor loads the runners once, at start (salt-run
             # needs only the job tracker dir the running master would have made).
             os.makedirs(self.path(mid, "var", "cache", "salt", "master", "proc"), exist_ok=True)

@@ -23,6 +23,7 @@ KINDS = [
     ("_states", "State modules", None),
     ("_returners", "Returners", None),
     ("_fileserver", "File server backends", None),
+    ("_engines", "Engines", None),
 ]
 # Kinds whose public functions a user calls from the CLI, so each shows how.
 NEEDS_CLI_EXAMPLE = {"_runners", "_modules", "_states"}

@@ -149,6 +149,7 @@ def stop_pids(pids, timeout=30):
 # What a user puts on file_roots: the formula, not the whole checkout.
 FORMULA_PARTS = (
     "multimaster",
+    "_engines",
     "_fileserver",
     "_modules",
     "_returners",

@@ -51,7 +51,7 @@ multimaster-master-config-job-cache-schema-present:
 {%-     endif %}
 {%-   endif %}
 
-{%-   if mapdata.reactor.keys or mapdata.reactor.first_highstate or mapdata.shares_cluster_aes %}
+{%-   if mapdata.syncs_master_modules %}
 
 {#- The reactors call the formula's runners: in place before the restart below. #}
 multimaster-master-config-runners-synced:

@@ -30,7 +30,7 @@ multimaster-master-service-running-master-restarted:
       - multimaster: multimaster-master-config-job-cache-returner-installed
       - multimaster: multimaster-master-config-job-cache-managed
 {%-   endif %}
-{%-   if mapdata.reactor.keys or mapdata.reactor.first_highstate or mapdata.shares_cluster_aes %}
+{%-   if mapdata.syncs_master_modules %}
       - multimaster: multimaster-master-config-runners-synced
 {%-   endif %}
 {%- else %}

@@ -13,6 +13,8 @@ import pytest
 import salt.utils.yaml
 import tomllib
 
+from toolkit import devkit
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SPM = pathlib.Path(sys.executable).parent / "spm"
 # What a checkout holds besides the formula (spm matches these as prefixes of member names).
@@ -27,10 +29,7 @@ EXCLUDE = [
     "tests",
     "bench",
     "dist",
-    *(
-        f"{d}/__pycache__"
-        for d in ("_fileserver", "_modules", "_returners", "_runners", "_states", "_utils")
-    ),
+    *(f"{d}/__pycache__" for d in devkit.FORMULA_PARTS if d.startswith("_")),
 ]
 
 
@@ -124,6 +123,7 @@ def test_spm_build_and_install(spm):
         "multimaster/_utils/multimaster_settings.py",
         "multimaster/_utils/multimaster_pillarcheck.py",
         "multimaster/_fileserver/multimaster.py",
+        "multimaster/_engines/multimaster_rootswatch.py",
         "multimaster/_returners/multimaster_pgjsonb.py",
     ):
         assert member in names, f"{member} not in the package"
@@ -143,6 +143,7 @@ def test_spm_build_and_install(spm):
         "_utils/multimaster_settings.py",
         "_utils/multimaster_pillarcheck.py",
         "_fileserver/multimaster.py",
+        "_engines/multimaster_rootswatch.py",
         "_returners/multimaster_pgjsonb.py",
     ):
         assert (formulas / path).is_file(), f"{path} not installed"

@@ -4,6 +4,8 @@ as written on four separate hosts with Salt's default paths; only the bootstrap 
 replaced by what it installs. A change to the README that breaks it fails here.
 """
 
+import json
+
 from tests.support import walkthrough
 from toolkit import hosts as nshosts
 
@@ -30,6 +32,23 @@ def test_the_failover_pair_walk_through_runs_as_written(host_set):
         result = host_set[block.host].sh(block.script, check=False, timeout=BLOCK_TIMEOUT, env=env)
         outputs.append(f"# {block.host}\n{result.stdout}{result.stderr}")
         assert result.returncode == 0, "\n".join(outputs)
+        if "salt-run multimaster.status" in block.script:
+            assert_roots_read_through_the_watch(host_set)
     # The last block waited until both minions answered master2 with master1 down.
     final = host_set["master2"].sh("salt 'minion*' test.ping --out=json --static").stdout
     assert '"minion1": true' in final and '"minion2": true' in final, final
+
+
+def assert_roots_read_through_the_watch(host_set):
+    """
+    Both masters run the roots watch engine ``multimaster.master`` configured: master2's roots
+    are read through its record, and a file written on master1 since the walk-through's sync
+    reaches master2.
+    """
+    master1, master2 = host_set["master1"], host_set["master2"]
+    master1.sh("echo 'watched: true' > /srv/salt/watched.sls")
+    ret = master1.sh("salt-run multimaster.sync_roots --out=json", check=False, timeout=300)
+    assert ret.returncode == 0, ret.stdout + ret.stderr
+    report = json.loads(ret.stdout)["masters"]["master2"]
+    assert report["watched"] is True, report
+    assert master2.sh("cat /srv/salt/watched.sls").stdout == "watched: true\n"

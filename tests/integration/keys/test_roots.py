@@ -152,7 +152,9 @@ def test_a_no_op_rewrites_nothing(cluster, trees):
     before = {str(p): snapshot(p) for p in peer_roots(cluster)}
     ret = cluster.run("sync_roots")
     assert ret.returncode == 0, ret
-    assert all(r == {"result": True, "changed": False} for r in ret.data["masters"].values()), ret
+    assert all(
+        r["result"] is True and r["changed"] is False for r in ret.data["masters"].values()
+    ), ret
     assert {str(p): snapshot(p) for p in peer_roots(cluster)} == before
 
 

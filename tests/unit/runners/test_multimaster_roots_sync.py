@@ -30,6 +30,9 @@ PRIMARY_KEY = rsa_private(tag=20)
 CONTROL_KEYS = {"cm1": rsa_private(tag=21), "cm2": rsa_private(tag=22)}
 SECTION = HOT_PAIR
 
+# A peer whose roots already match; no roots watch engine runs in these tests.
+UNCHANGED = {"result": True, "changed": False, "watched": False}
+
 
 def mode_of(path):
     return stat.S_IMODE(os.stat(path).st_mode)
@@ -164,7 +167,7 @@ def test_a_sync_asks_each_master_once_for_its_manifests_and_no_settle_round(host
     runner, primary, peer = hosts
     (primary.salt / "top.sls").write_text("base: {}\n")
     assert runner.sync_roots(roots="file")["retcode"] == 0
-    assert runner.sync_roots(roots="file")["masters"]["m2"] == {"result": True, "changed": False}
+    assert runner.sync_roots(roots="file")["masters"]["m2"] == UNCHANGED
     assert primary.calls == ["roots_manifest"] * 2
     assert peer.calls == ["roots_manifest", "apply_roots", "roots_manifest"]
 
@@ -217,7 +220,7 @@ def test_a_peer_s_pillar_is_never_readable_wider_than_the_primary_s(hosts, befor
     assert mode_of(peer.pillar / "customers" / "acme.sls") == 0o644
     # Equal now, directory modes included: a re-run finds nothing to do.
     again = runner.sync_roots(roots="pillar")
-    assert again["masters"]["m2"] == {"result": True, "changed": False}, again
+    assert again["masters"]["m2"] == UNCHANGED, again
 
 
 def test_a_peer_s_wider_pillar_directory_is_narrowed_when_the_files_are_equal(hosts):
@@ -246,7 +249,7 @@ def test_file_root_directories_get_the_primary_s_modes(hosts):
     ret = runner.sync_roots(roots="file")
     assert ret["masters"]["m2"]["changes"]["dir_modes"] == [str(primary.salt / "web")], ret
     assert mode_of(peer.salt / "web") == 0o750
-    assert runner.sync_roots(roots="file")["masters"]["m2"] == {"result": True, "changed": False}
+    assert runner.sync_roots(roots="file")["masters"]["m2"] == UNCHANGED
 
 
 def test_directory_digests_too_large_for_a_publish_are_pulled_and_still_narrow_the_answer(
@@ -308,7 +311,7 @@ def test_a_peer_whose_differing_manifests_exceed_one_answer_is_synced_in_rounds(
     assert result["changes"]["counts"]["changed"] == 5 and "left" not in result, result
     for n in range(5):
         assert (peer.salt / f"d{n}" / "init.sls").read_text() == f"changed {n}: {{}}\n"
-    assert runner.sync_roots(roots="file")["masters"]["m2"] == {"result": True, "changed": False}
+    assert runner.sync_roots(roots="file")["masters"]["m2"] == UNCHANGED
 
 
 def test_rounds_are_bounded_and_a_re_run_goes_on(five_changed, monkeypatch):

@@ -459,6 +459,12 @@ CASES = {
         multimaster_pillarcheck.MASK,
         "a mapping of master options",
     ),
+    "roots-watch-not-a-bool": (
+        pillar(master={"roots_watch": "yes"}),
+        "master:roots_watch",
+        js("yes"),
+        "true or false",
+    ),
     "gitfs-remotes-not-a-list": (
         pillar(master={"gitfs": {"remotes": "https://git.example.com/f.git"}}),
         "master:gitfs:remotes",

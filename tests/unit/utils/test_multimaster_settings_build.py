@@ -161,6 +161,31 @@ def test_only_what_pillar_sets_replaces_the_masters_own(defaults):
     assert master["fileserver_backend"] == ["roots", "multimaster"]
 
 
+@pytest.mark.parametrize(
+    ("mode", "roots_watch", "runs"),
+    [("hot", None, True), ("failover", None, True), ("hot", False, False)],
+)
+def test_the_roots_watch_engine_runs_unless_turned_off(defaults, mode, roots_watch, runs):
+    """
+    Every master of a hot or failover set runs the roots watch engine, synced before the
+    restart that loads it, unless ``master:roots_watch`` is false.
+    """
+    master = {} if roots_watch is None else {"roots_watch": roots_watch}
+    settings = build(defaults, mode=mode, master=master)
+    config = ms.master_config(settings, settings["masters"][0])
+    assert ("engines" in config) is runs
+    if runs:
+        assert config["engines"] == [{"multimaster_rootswatch": {}}]
+    assert ms.syncs_master_modules(settings) is runs
+
+
+def test_a_cluster_runs_no_roots_watch(defaults):
+    """A cluster's masters take no ``sync_roots``: no engine to keep a record for it."""
+    settings = cluster_settings(defaults)
+    assert "engines" not in ms.master_config(settings, settings["masters"][0])
+    assert ms.watches_roots(settings) is False
+
+
 def test_per_master_roots_win(defaults):
     """
     Masters on one host need their own roots: a master's ``file_roots``/``pillar_roots`` win
@@ -229,13 +254,17 @@ def test_hot_without_signing_neither_signs_nor_verifies(defaults):
     assert "signing" not in ms.set_config(settings)["multimaster"]
 
 
-def test_cluster_minions_know_only_the_balancer(defaults):
-    settings = build(
+def cluster_settings(defaults):
+    return build(
         defaults,
         mode="cluster",
         masters=CLUSTER_MASTERS,
         cluster={"id": "c1", "balancer": "lb.example.com"},
     )
+
+
+def test_cluster_minions_know_only_the_balancer(defaults):
+    settings = cluster_settings(defaults)
     minion = ms.minion_config(settings)
     assert minion["master"] == ["lb.example.com"]
     assert minion["master_type"] == "str"
