@@ -251,8 +251,6 @@ def _read_with_record(root, ignored, cachedir):
         _hash_cache_path(cachedir, root)
     )
     todo = _to_read(changed, racy)
-    if len(todo) > _MOST_DIRS:
-        todo = {"": True}
     if changed is None:
         records, skipped, modes = {}, {}, {}
     else:
@@ -266,7 +264,9 @@ def _read_with_record(root, ignored, cachedir):
             record = _scanned(rel, entry, dfd, known, skipped)
             if record is not None:
                 records[rel] = record
-    if todo or snapshot.get("seq") != answer["seq"] or changed is None:
+    # Nothing read again: the snapshot still stands at its number (later ones name nothing
+    # of this root).
+    if todo or changed is None:
         _save_json(
             path,
             {
@@ -296,14 +296,16 @@ def _snapshot_records(snapshot):
 def _to_read(changed, racy):
     """
     ``{directory: subtree}`` to read again: the changed ones (the whole tree where ``changed``
-    is None), the directories of files that were written too recently to trust their stat, and
-    none inside a subtree read in full.
+    is None or names more than ``_MOST_DIRS``), the directories of files that were written too
+    recently to trust their stat, and none inside a subtree read in full.
     """
     if changed is None:
         return {"": True}
     todo = {d: bool(s) for d, s in changed.items() if isinstance(d, str)}
     for rel in racy:
         todo.setdefault(_dir_of(rel), False)
+    if len(todo) > _MOST_DIRS:
+        return {"": True}
     subtrees = sorted(d for d, s in todo.items() if s)
     if "" in subtrees:
         return {"": True}

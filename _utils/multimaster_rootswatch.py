@@ -162,6 +162,9 @@ class _Root:
         self.identity = None
         self.reset = 0
         self.watched = False
+        # Watched again at the next request once its path is a directory: a root that was
+        # missing, removed or moved (not one refused for its file system or the watch limit).
+        self.retry = False
         self.why = "not watched yet"
         self.dirty = {}
         self.wds = set()
@@ -204,6 +207,10 @@ class Watcher:
         """
         self._forget_watches(root)
         root.reset, root.dirty, root.watched = self._bump(), {}, False
+        root.retry = not os.path.isdir(root.path)
+        if root.retry:
+            root.why = "not a directory"
+            return
         kind = fs_type(root.path)
         if kind not in LOCAL_FS:
             root.why = f"file system {kind or 'unknown'} (inotify may miss its changes)"
@@ -213,6 +220,7 @@ class Watcher:
             self._watch_tree(root, "", root.path)
         except OSError as exc:
             self._forget_watches(root)
+            root.retry = exc.errno in (errno.ENOENT, errno.ENOTDIR)
             root.why = f"cannot watch: {exc.strerror or exc}"
             if exc.errno == errno.ENOSPC:
                 root.why += " (raise fs.inotify.max_user_watches)"
@@ -304,6 +312,7 @@ class Watcher:
     def _lose(self, root, why):
         self._forget_watches(root)
         root.reset, root.dirty, root.watched, root.why = self._bump(), {}, False, why
+        root.retry = True
         log.info("multimaster: roots watch of %s stopped: %s", root.path, why)
 
     def _answer(self, token):
@@ -323,7 +332,7 @@ class Watcher:
         if not isinstance(since, int):
             return
         for root in self.roots.values():
-            if not root.watched and os.path.isdir(root.path):
+            if root.retry and os.path.isdir(root.path):
                 self._watch_root(root)
         answer = {"instance": self.instance, "seq": self.seq, "roots": {}}
         for root in self.roots.values():

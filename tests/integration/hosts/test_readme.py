@@ -4,9 +4,7 @@ as written on four separate hosts with Salt's default paths; only the bootstrap 
 replaced by what it installs. A change to the README that breaks it fails here.
 """
 
-import json
-
-from tests.support import walkthrough
+from tests.support import hostwatch, walkthrough
 from toolkit import hosts as nshosts
 
 SECTION = "On real hosts: a failover pair from bare machines"
@@ -47,8 +45,7 @@ def assert_roots_read_through_the_watch(host_set):
     """
     master1, master2 = host_set["master1"], host_set["master2"]
     master1.sh("echo 'watched: true' > /srv/salt/watched.sls")
-    ret = master1.sh("salt-run multimaster.sync_roots --out=json", check=False, timeout=300)
-    assert ret.returncode == 0, ret.stdout + ret.stderr
-    report = json.loads(ret.stdout)["masters"]["master2"]
-    assert report["watched"] is True, report
+    returncode, report = hostwatch.run_json(master1, "salt-run multimaster.sync_roots", 300)
+    assert returncode == 0, report
+    assert report["masters"]["master2"]["watched"] is True, report
     assert master2.sh("cat /srv/salt/watched.sls").stdout == "watched: true\n"

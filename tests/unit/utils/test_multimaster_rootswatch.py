@@ -188,6 +188,22 @@ def test_a_root_on_another_file_system_kind_is_not_watched(tree, engine, monkeyp
     assert entry["watched"] is False
     assert "nfs4" in entry["why"]
     assert rootswatch.usable(answer, str(tree), answer["seq"], answer["instance"], None) is None
+    # Not tried again at every request (each try would void every reader's record).
+    again = rootswatch.changes_since(engine.cachedir, 0)
+    assert again["seq"] == answer["seq"]
+
+
+def test_a_root_made_after_the_engine_started_is_watched_from_then(tmp_path, engine, reads):
+    root = tmp_path / "later"
+    engine.start(root)
+    root.mkdir()
+    (root / "a.sls").write_text("a\n")
+    assert through_record(root, engine.cachedir) == full_scan(root)
+    (root / "b.sls").write_text("b\n")
+    reads.clear()
+    read = through_record(root, engine.cachedir)
+    assert reads == [("", False)]
+    assert read == full_scan(root)
 
 
 def test_a_request_that_is_not_a_number_gets_no_answer(tree, engine):
@@ -198,3 +214,16 @@ def test_a_request_that_is_not_a_number_gets_no_answer(tree, engine):
     assert rootswatch.changes_since(engine.cachedir, 0) is not None
     answers = os.path.join(rootswatch.state_dir(engine.cachedir), "answers")
     assert os.listdir(answers) == []
+
+
+def test_many_changed_directories_are_read_in_one_walk(tree, engine, reads):
+    many = [tree / "many" / f"m{n}" for n in range(manifest._MOST_DIRS + 1)]
+    for directory in many:
+        directory.mkdir(parents=True)
+    engine.start(tree)
+    through_record(tree, engine.cachedir)
+    for n, directory in enumerate(many):
+        (directory / "init.sls").write_text(f"{n}\n")
+    reads.clear()
+    assert through_record(tree, engine.cachedir) == full_scan(tree)
+    assert reads[0] == ("", True)
