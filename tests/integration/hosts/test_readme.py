@@ -37,6 +37,19 @@ def test_the_failover_pair_walk_through_runs_as_written(host_set):
     assert '"minion1": true' in final and '"minion2": true' in final, final
 
 
+def why_not_watched(master):
+    """What a failure shows of a master's roots watch: its config, engine and record."""
+    return master.sh(
+        "grep -rn -A2 engines /etc/salt/master.d/ || true; "
+        "ls /var/cache/salt/master/extmods/engines /var/cache/salt/master/multimaster "
+        "/var/cache/salt/master/multimaster/roots-watch 2>&1 || true; "
+        "cat /var/cache/salt/master/multimaster/roots-watch/engine.pid 2>&1 || true; "
+        "ps -eo pid,args | grep -i [s]alt-master || true; "
+        "grep -i engine /var/log/salt/master || true",
+        check=False,
+    ).stdout
+
+
 def assert_roots_read_through_the_watch(host_set):
     """
     Both masters run the roots watch engine ``multimaster.master`` configured: master2's roots
@@ -47,5 +60,7 @@ def assert_roots_read_through_the_watch(host_set):
     master1.sh("echo 'watched: true' > /srv/salt/watched.sls")
     returncode, report = hostwatch.run_json(master1, "salt-run multimaster.sync_roots", 300)
     assert returncode == 0, report
+    if report["masters"]["master2"]["watched"] is not True:
+        print(f"master2's roots watch:\n{why_not_watched(master2)}")
     assert report["masters"]["master2"]["watched"] is True, report
     assert master2.sh("cat /srv/salt/watched.sls").stdout == "watched: true\n"
