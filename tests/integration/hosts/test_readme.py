@@ -52,11 +52,17 @@ def why_not_watched(master):
 
 def assert_roots_read_through_the_watch(host_set):
     """
-    Both masters run the roots watch engine ``multimaster.master`` configured: master2's roots
-    are read through its record, and a file written on master1 since the walk-through's sync
-    reaches master2.
+    Both masters run the roots watch engine ``multimaster.master`` configured. master2 got the
+    formula (its engine among it) only with the walk-through's ``sync_roots``: its next
+    ``multimaster.master`` syncs the engine and restarts it once (docs/roots.md). Then
+    master2's roots are read through its record, and a file written on master1 since reaches
+    master2.
     """
     master1, master2 = host_set["master1"], host_set["master2"]
+    master1.sh(
+        "salt master2 state.apply multimaster.master && salt-run multimaster.wait_masters",
+        timeout=600,
+    )
     master1.sh("echo 'watched: true' > /srv/salt/watched.sls")
     returncode, report = hostwatch.run_json(master1, "salt-run multimaster.sync_roots", 300)
     assert returncode == 0, report
