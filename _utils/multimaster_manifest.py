@@ -134,9 +134,11 @@ def manifest(root, ignored=None, cachedir=None, dirs=None, how=None):
 
     how
         A dict to fill with ``watched``: whether the read went through the roots watch's
-        record.
+        record (for a missing root, which nothing reads: whether the engine runs).
     """
     if not os.path.isdir(root):
+        if how is not None:
+            how["watched"] = bool(cachedir) and multimaster_rootswatch.engine_running(cachedir)
         return {}, {}
     read = _read_with_record(root, ignored, cachedir) if cachedir else None
     if how is not None:

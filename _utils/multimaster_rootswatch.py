@@ -388,6 +388,11 @@ def run(roots, cachedir, running=lambda: True):
 # --- the reader's side -----------------------------------------------------------------------
 
 
+def engine_running(cachedir):
+    """Whether the engine of the master whose ``cachedir`` is given runs (its pid file)."""
+    return _engine_alive(state_dir(cachedir))
+
+
 def _engine_alive(directory):
     try:
         with open(os.path.join(directory, "engine.pid"), encoding="utf-8") as handle:

@@ -161,6 +161,17 @@ def test_a_lost_event_queue_means_a_full_read(tree, engine):
     assert through_record(tree, engine.cachedir)[0]["d/x.sls"]["size"] == 5
 
 
+def test_a_missing_root_counts_as_watched_while_the_engine_runs(tmp_path, engine):
+    def watched():
+        how = {}
+        manifest.manifest(str(tmp_path / "missing"), cachedir=engine.cachedir, how=how)
+        return how["watched"]
+
+    assert watched() is False
+    engine.start(tmp_path / "missing")
+    assert watched() is True
+
+
 def test_without_an_engine_the_whole_tree_is_read(tree, tmp_path, reads):
     files = through_record(tree, tmp_path / "cache")
     assert files == full_scan(tree)
