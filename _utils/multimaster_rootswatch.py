@@ -197,8 +197,11 @@ class Watcher:
 
     def _forget_watches(self, root):
         for wd in root.wds:
-            self.wds.pop(wd, None)
-            self.inotify.remove(wd)
+            holders = self.wds.get(wd, {})
+            holders.pop(root.path, None)
+            if not holders:
+                self.wds.pop(wd, None)
+                self.inotify.remove(wd)
         root.wds.clear()
 
     def _watch_root(self, root):
@@ -244,7 +247,8 @@ class Watcher:
                 if exc.errno in (errno.ENOENT, errno.ENOTDIR) and rel:
                     continue  # gone meanwhile: its parent's event says so
                 raise
-            self.wds[wd] = (root, rel)
+            # One directory of two roots (one inside the other) is one watch: both hear it.
+            self.wds.setdefault(wd, {})[root.path] = (root, rel)
             root.wds.add(wd)
             try:
                 entries = list(os.scandir(path))
@@ -273,13 +277,14 @@ class Watcher:
             if mask & IN_CLOSE_WRITE and name:
                 self._answer(name)
             return
-        where = self.wds.get(wd)
-        if where is None:
-            return
-        root, rel = where
-        if mask & IN_IGNORED:
-            self.wds.pop(wd, None)
-            root.wds.discard(wd)
+        for root, rel in list(self.wds.get(wd, {}).values()):
+            if mask & IN_IGNORED:
+                self.wds.pop(wd, None)
+                root.wds.discard(wd)
+            self._take(root, rel, mask, name)
+
+    def _take(self, root, rel, mask, name):
+        """Take one event on the directory ``rel`` of ``root`` into its record."""
         child = f"{rel}/{name}" if rel and name else name
         if not rel and mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_UNMOUNT | IN_IGNORED):
             self._lose(root, "the root was removed, moved or unmounted")

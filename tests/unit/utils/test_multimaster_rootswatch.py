@@ -47,6 +47,15 @@ class Engine:
             self.thread.join(10)
 
 
+@pytest.fixture(autouse=True)
+def only_the_record(monkeypatch):
+    """
+    No directory is read again for holding a file written in the last 2 s (every file here
+    is): only the record says what changed, so a change it missed fails the test.
+    """
+    monkeypatch.setattr(manifest, "_RACY_NS", -(10**9))
+
+
 @pytest.fixture
 def tree(tmp_path):
     root = tmp_path / "roots"
@@ -238,3 +247,16 @@ def test_many_changed_directories_are_read_in_one_walk(tree, engine, reads):
     reads.clear()
     assert through_record(tree, engine.cachedir) == full_scan(tree)
     assert reads[0] == ("", True)
+
+
+def test_a_root_inside_another_hears_its_changes_as_the_outer_one_does(tree, engine, monkeypatch):
+    # No file is read again for being recent: only the record says what changed.
+    monkeypatch.setattr(manifest, "_RACY_NS", -(10**9))
+    inner = tree / "a"
+    engine.start(tree, inner)
+    through_record(tree, engine.cachedir)
+    through_record(inner, engine.cachedir)
+    (inner / "c" / "two.sls").write_text("changed in both\n")
+    assert through_record(inner, engine.cachedir) == full_scan(inner)
+    assert through_record(tree, engine.cachedir) == full_scan(tree)
+    assert through_record(inner, engine.cachedir)[0]["c/two.sls"]["size"] == 16
