@@ -335,10 +335,12 @@ def master_config_managed(name, user=None):
 
 def master_runners_synced(name):
     """
-    Ensure the salt-master this minion controls holds the formula's runners and utils from its
-    own file server in its ``extension_modules`` (``multimaster_daemons.sync_master_modules``
-    without a restart): a master's reactor keeps the runners it loaded, so a master whose
-    reactors call them needs them before the restart this state's changes trigger.
+    Ensure the salt-master this minion controls holds the formula's runners, utils and engines
+    from its own file server in its ``extension_modules``
+    (``multimaster_daemons.sync_master_modules`` without a restart): a master's reactor keeps
+    the runners it loaded and its engines the modules they started with, so a master whose
+    reactors call the runners, or that runs the roots watch engine, needs them before the
+    restart this state's changes trigger.
 
     name
         A label (the master id).

@@ -53,7 +53,8 @@ multimaster-master-config-job-cache-schema-present:
 
 {%-   if mapdata.syncs_master_modules %}
 
-{#- The reactors call the formula's runners: in place before the restart below. #}
+{#- The reactors call the formula's runners, and the roots watch is an engine: in place before
+    the restart below. #}
 multimaster-master-config-runners-synced:
   multimaster.master_runners_synced:
     - name: {{ master.id | json }}
