@@ -279,6 +279,25 @@ def watches_roots(settings):
     return bool(settings["master"]["roots_watch"]) and settings["mode"] != "cluster"
 
 
+ROOTS_WATCH_ENGINE = "multimaster_rootswatch"
+
+
+def _engine_name(engine):
+    return next(iter(engine), None) if isinstance(engine, dict) else engine
+
+
+def engines_with_roots_watch(own):
+    """
+    The master's ``engines`` with the roots watch added: Salt takes a ``master.d`` list over
+    the ``master`` file's whole, so the master's own engines (``own``, a list or Salt's mapping
+    form) are rendered beside it.
+    """
+    if isinstance(own, dict):
+        own = [{name: opts} for name, opts in own.items()]
+    kept = [e for e in own or [] if _engine_name(e) != ROOTS_WATCH_ENGINE]
+    return [*kept, {ROOTS_WATCH_ENGINE: {}}]
+
+
 def syncs_master_modules(settings):
     """
     Does ``multimaster.master`` sync the formula's runners, utils and engines into the
@@ -384,8 +403,7 @@ def master_config(settings, master, own=None):
         config["gitfs_provider"] = gitfs["provider"]
         config["gitfs_remotes"] = gitfs["remotes"]
     if watches_roots(settings):
-        # Salt merges list options across master.d files: a shop's own engines stay.
-        config["engines"] = [{"multimaster_rootswatch": {}}]
+        config["engines"] = engines_with_roots_watch(own.get("engines"))
     config.update(section["config"])
     return config
 

@@ -179,6 +179,26 @@ def test_the_roots_watch_engine_runs_unless_turned_off(defaults, mode, roots_wat
     assert ms.syncs_master_modules(settings) is runs
 
 
+def test_the_master_s_own_engines_stay_beside_the_roots_watch(defaults):
+    """
+    Salt takes a ``master.d`` list over the ``master`` file's: the master's own engines (list
+    or mapping form) are rendered beside the roots watch, which comes once.
+    """
+    settings = build(defaults)
+    master = settings["masters"][0]
+    own = {"engines": ["pytest", {"slack": {"token": "t"}}, {"multimaster_rootswatch": {}}]}
+    assert ms.master_config(settings, master, own)["engines"] == [
+        "pytest",
+        {"slack": {"token": "t"}},
+        {"multimaster_rootswatch": {}},
+    ]
+    mapping = {"engines": {"reactor_tail": {"interval": 5}}}
+    assert ms.master_config(settings, master, mapping)["engines"] == [
+        {"reactor_tail": {"interval": 5}},
+        {"multimaster_rootswatch": {}},
+    ]
+
+
 def test_a_cluster_runs_no_roots_watch(defaults):
     """A cluster's masters take no ``sync_roots``: no engine to keep a record for it."""
     settings = cluster_settings(defaults)
