@@ -224,7 +224,7 @@ class Watcher:
         except OSError as exc:
             self._forget_watches(root)
             root.retry = exc.errno in (errno.ENOENT, errno.ENOTDIR)
-            root.why = f"cannot watch: {exc.strerror or exc}"
+            root.why = f"cannot watch: {exc.strerror or exc.errno}"
             if exc.errno == errno.ENOSPC:
                 root.why += " (raise fs.inotify.max_user_watches)"
             log.warning("multimaster: roots watch of %s: %s", root.path, root.why)
@@ -309,7 +309,8 @@ class Watcher:
         try:
             self._watch_tree(root, child, os.path.join(root.path, child))
         except OSError as exc:
-            self._lose(root, f"cannot watch {child}: {exc.strerror or exc}")
+            # No path below the root: a pillar directory's name is never logged.
+            self._lose(root, f"cannot watch a new directory: {exc.strerror or exc.errno}")
             return
         # Files made in it before its watch are found by reading it all.
         self._mark(root, child, subtree=True)
