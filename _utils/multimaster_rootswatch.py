@@ -177,7 +177,6 @@ class Watcher:
     """
 
     def __init__(self, roots, directory):
-        self.directory = directory
         self.instance = os.urandom(16).hex()
         self.seq = 0
         self.inotify = Inotify()
