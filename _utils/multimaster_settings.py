@@ -333,6 +333,17 @@ def reactor_config(settings):
     return reactors
 
 
+def reactors_with_own(own, ours):
+    """
+    The master's ``reactor`` list with the formula's entries ``ours`` added: as with
+    ``engines``, a ``master.d`` list replaces the ``master`` file's whole, so the master's own
+    entries (``own``) are rendered first (an entry Salt finds twice across ``master.d`` files
+    runs once: it drops equal list items when it merges them).
+    """
+    kept = [entry for entry in own if isinstance(entry, dict)] if isinstance(own, list) else []
+    return [*kept, *(entry for entry in ours if entry not in kept)]
+
+
 def set_config(settings):
     """
     The ``master.d`` options that change when the set of masters does, kept in a file of their
@@ -361,7 +372,8 @@ def master_config(settings, master, own=None):
 
     own
         The master's own options, as its config without the formula's files sets them
-        (``fileserver_backend``, ``peer_run``); Salt's defaults where absent.
+        (``fileserver_backend``, ``peer_run``, ``engines``, ``reactor``); Salt's defaults
+        where absent.
     """
     own = own or {}
     section = settings["master"]
@@ -392,8 +404,7 @@ def master_config(settings, master, own=None):
         config["sseapi_failover_master"] = settings["mode"] == "failover"
     reactors = reactor_config(settings)
     if reactors:
-        # Salt merges list options across master.d files: a shop's own reactors stay.
-        config["reactor"] = reactors
+        config["reactor"] = reactors_with_own(own.get("reactor"), reactors)
     gitfs = section["gitfs"]
     config["fileserver_backend"] = fileserver_backends(
         section.get("fileserver_backend") or own.get("fileserver_backend") or ["roots"],

@@ -199,6 +199,21 @@ def test_the_master_s_own_engines_stay_beside_the_roots_watch(defaults):
     ]
 
 
+def test_the_master_s_own_reactors_stay_beside_the_formula_s(defaults):
+    """
+    A ``master.d`` ``reactor`` list replaces the ``master`` file's: the master's own reactors
+    are rendered first, the formula's after them, each once.
+    """
+    settings = build(defaults, reactor={"keys": True})
+    master = settings["masters"][0]
+    ours = ms.reactor_config(settings)
+    shop = {"salt/auth": ["/srv/reactor/auth.sls"]}
+    config = ms.master_config(settings, master, {"reactor": [shop, *ours]})
+    assert config["reactor"] == [shop, *ours]
+    assert ms.master_config(settings, master, {"reactor": "not a list"})["reactor"] == ours
+    assert ms.master_config(settings, master)["reactor"] == ours
+
+
 def test_a_cluster_runs_no_roots_watch(defaults):
     """A cluster's masters take no ``sync_roots``: no engine to keep a record for it."""
     settings = cluster_settings(defaults)
