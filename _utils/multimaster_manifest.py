@@ -78,15 +78,18 @@ def _load_hashes(path):
     return hashes if isinstance(hashes, dict) else {}
 
 
-def _save_json(path, document):
+def save_json(path, document):
     """
-    Replace the cache file at ``path`` (a hash cache or a snapshot, in the master's 0700
-    cachedir) atomically; one that cannot be written only costs the next run its reading.
+    Replace the cache file at ``path`` (a hash cache, a snapshot or the roots base, in the
+    master's 0700 cachedir) atomically; one that cannot be written only costs the next run
+    its reading.
     """
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        # One string, then one write: json.dump writes each of its many chunks on its own.
+        text = json.dumps(document, separators=(",", ":"))
         with salt.utils.atomicfile.atomic_open(path, "w") as handle:
-            json.dump(document, handle, separators=(",", ":"))
+            handle.write(text)
     except OSError:
         pass
 
@@ -109,7 +112,7 @@ def _cached_sha(cached, key):
     return sha if isinstance(sha, str) and _SHA256_HEX.fullmatch(sha) else None
 
 
-def manifest(root, ignored=None, cachedir=None, dirs=None, how=None):
+def manifest(root, ignored=None, cachedir=None, dirs=None, how=None, by_dir=None):
     """
     ``(files, skipped)`` of the tree at ``root``: ``files`` maps relative paths to
     ``{"size", "mode", "sha256"}``; ``skipped`` maps relative paths to the reason (symlink,
@@ -135,6 +138,10 @@ def manifest(root, ignored=None, cachedir=None, dirs=None, how=None):
     how
         A dict to fill with ``watched``: whether the read went through the roots watch's
         record (for a missing root, which nothing reads: whether the engine runs).
+
+    by_dir
+        A dict to fill with the tree's ``dir_digests`` (a read through the record computes
+        again only those of the directories it read again).
     """
     if not os.path.isdir(root):
         if how is not None:
@@ -145,9 +152,11 @@ def manifest(root, ignored=None, cachedir=None, dirs=None, how=None):
         how["watched"] = read is not None
     if read is None:
         read = _read_with_hash_cache(root, ignored, cachedir)
-    files, skipped, modes = read
+    files, skipped, holding, digests_by_dir = read
     if dirs is not None:
-        dirs.update(_holding(files, modes))
+        dirs.update(holding)
+    if by_dir is not None:
+        by_dir.update(digests_by_dir)
     return files, skipped
 
 
@@ -180,7 +189,11 @@ def _as_files(records):
 
 
 def _read_with_hash_cache(root, ignored, cachedir):
-    """``(files, skipped, modes)`` of the whole tree, hashes kept in ``cachedir``."""
+    """
+    ``(files, skipped, holding, by_dir)`` of the whole tree (``holding``: the modes of the
+    directories that hold a file, ``by_dir``: its ``dir_digests``), hashes kept in
+    ``cachedir``.
+    """
     skipped, modes, records = {}, {}, {}
     cache_path = _hash_cache_path(cachedir, root) if cachedir else None
     known = _load_hashes(cache_path) if cache_path else {}
@@ -191,8 +204,10 @@ def _read_with_hash_cache(root, ignored, cachedir):
             records[rel] = record
     fresh = {rel: r[:6] for rel, r in records.items() if not _racy(r, trusted_before)}
     if cache_path and fresh != known:
-        _save_json(cache_path, fresh)
-    return _as_files(records), skipped, modes
+        save_json(cache_path, fresh)
+    files = _as_files(records)
+    holding = _holding(files, modes)
+    return files, skipped, holding, dir_digests(files, holding)
 
 
 # --- reading what changed, from the record the roots watch keeps ------------------------------
@@ -218,15 +233,21 @@ def _load_snapshot(path):
         not isinstance(snapshot.get(k), t) for k, t in fields.items()
     ):
         return {}
+    by_dir = snapshot.get("by_dir")
+    if not isinstance(by_dir, dict) or not all(
+        isinstance(v, str) and _SHA256_HEX.fullmatch(v) for v in by_dir.values()
+    ):
+        snapshot["by_dir"] = None
     return snapshot
 
 
 def _read_with_record(root, ignored, cachedir):
     """
-    ``(files, skipped, modes)`` of the tree at ``root`` from the snapshot of its last read,
-    with the directories the roots watch's record names as changed since read again (all of
-    it where the record cannot say: ``multimaster_rootswatch.usable``); None where no engine
-    watches the root. The snapshot (the master's 0700 cachedir) is then brought to the
+    ``(files, skipped, holding, by_dir)`` (as ``_read_with_hash_cache``) of the tree at
+    ``root`` from the snapshot of its last read, with the directories the roots watch's record
+    names as changed since read again (all of it where the record cannot say:
+    ``multimaster_rootswatch.usable``), and only their digests computed again; None where no
+    engine watches the root. The snapshot (the master's 0700 cachedir) is then brought to the
     record's number.
     """
     path = _snapshot_path(cachedir, root)
@@ -248,11 +269,13 @@ def _read_with_record(root, ignored, cachedir):
         )
     trusted_before = time.time_ns() - _RACY_NS
     before, racy = _snapshot_records(snapshot)
+    todo = _to_read(changed, racy)
+    if not todo and snapshot.get("by_dir") is not None:
+        return _as_snapshot_stands(snapshot, before)
     # A stat key says whether a file is the one hashed, whatever the record says.
     known = {rel: r[:6] for rel, r in before.items() if rel not in racy} or _load_hashes(
         _hash_cache_path(cachedir, root)
     )
-    todo = _to_read(changed, racy)
     if changed is None:
         records, skipped, modes = {}, {}, {}
     else:
@@ -266,10 +289,13 @@ def _read_with_record(root, ignored, cachedir):
             record = _scanned(rel, entry, dfd, known, skipped)
             if record is not None:
                 records[rel] = record
+    files = _as_files(records)
+    holding = _holding(files, modes)
+    by_dir = _dir_digests_reusing(files, holding, snapshot.get("by_dir"), _reread_by(todo))
     # Nothing read again: the snapshot still stands at its number (later ones name nothing
     # of this root).
-    if todo or changed is None:
-        _save_json(
+    if todo or snapshot.get("by_dir") is None:
+        save_json(
             path,
             {
                 "instance": answer["instance"],
@@ -279,10 +305,21 @@ def _read_with_record(root, ignored, cachedir):
                 "records": records,
                 "skipped": skipped,
                 "modes": modes,
+                "by_dir": by_dir,
                 "racy": sorted(r for r, v in records.items() if _racy(v, trusted_before)),
             },
         )
-    return _as_files(records), skipped, modes
+    return files, skipped, holding, by_dir
+
+
+def _as_snapshot_stands(snapshot, records):
+    """
+    What ``_read_with_record`` returns when nothing changed since the ``snapshot`` (its
+    well-formed ``records``): the snapshot as it is.
+    """
+    by_dir, modes = snapshot["by_dir"], snapshot["modes"]
+    holding = {directory: modes[directory] for directory in by_dir if directory in modes}
+    return _as_files(records), dict(snapshot["skipped"]), holding, by_dir
 
 
 def _snapshot_records(snapshot):
@@ -318,29 +355,50 @@ def _to_read(changed, racy):
     }
 
 
+def _reread_by(todo):
+    """A predicate: is a directory (relative path) read again by the read of ``todo``?"""
+    if todo.get(""):
+        return lambda directory: True
+    flat = {d for d, s in todo.items() if not s}
+    subtrees = {d for d, s in todo.items() if s}
+    prefixes = tuple(d + "/" for d in subtrees)
+
+    def reread(directory):
+        return directory in flat or directory in subtrees or directory.startswith(prefixes)
+
+    return reread
+
+
 def _dropped(records, skipped, modes, todo):
     """``records``, ``skipped`` and ``modes`` without what ``todo`` reads again."""
     if todo.get(""):
         return {}, {}, {}
-    flat = {d for d, s in todo.items() if not s}
-    prefixes = tuple(d + "/" for d, s in todo.items() if s)
-    subtrees = {d for d, s in todo.items() if s}
-
-    def stays(rel):
-        return _dir_of(rel) not in flat and not rel.startswith(prefixes)
-
-    def mode_stays(directory):
-        return (
-            directory not in flat
-            and directory not in subtrees
-            and not (directory + "/").startswith(prefixes)
-        )
-
+    reread = _reread_by(todo)
     return (
-        {rel: r for rel, r in records.items() if stays(rel)},
-        {rel: why for rel, why in skipped.items() if stays(rel)},
-        {d: m for d, m in modes.items() if mode_stays(d)},
+        {rel: r for rel, r in records.items() if not reread(_dir_of(rel))},
+        {rel: why for rel, why in skipped.items() if not reread(_dir_of(rel))},
+        {d: m for d, m in modes.items() if not reread(d)},
     )
+
+
+def _dir_digests_reusing(files, holding, known, reread):
+    """
+    ``dir_digests(files, holding)``, with the digest ``known`` holds for each directory that
+    was not read again (``reread``): its files and mode are those ``known`` was computed from.
+    """
+    keys = set(holding)
+    keys.update(_dir_of(relpath) for relpath in files)
+    stale = {d for d in keys if reread(d) or d not in (known or {})}
+    groups = {directory: {} for directory in stale}
+    for relpath, entry in files.items():
+        group = groups.get(_dir_of(relpath))
+        if group is not None:
+            group[relpath] = entry
+    out = {d: known[d] for d in keys if d not in stale}
+    out.update(
+        (d, _sha256_json({"files": group, "mode": holding.get(d)})) for d, group in groups.items()
+    )
+    return out
 
 
 def _holding(files, modes):
@@ -362,8 +420,9 @@ def manifests(opts, kinds):
     of the master whose ``opts`` are given, per kind (``file_roots``/``pillar_roots``), per
     environment, in position order. ``file_roots`` leave out what the file server ignores.
     Hashes are kept in the master's cachedir (``manifest``). Each entry also holds ``dirs``,
-    the modes of its directories (``manifest``), which its digest covers, and ``watched``,
-    whether it was read through the roots watch's record.
+    the modes of its directories (``manifest``), which its digest covers, ``dir_digests``
+    (the digest is ``digest``'s, taken over them) and ``watched``, whether it was read
+    through the roots watch's record.
 
     opts
         The master's opts (its own config: roots never come from an argument).
@@ -378,15 +437,18 @@ def manifests(opts, kinds):
         for env, paths in (opts.get(kind) or {}).items():
             out[kind][env] = []
             for path in paths:
-                dirs, how = {}, {}
-                files, skipped = manifest(str(path), ignored, opts.get("cachedir"), dirs, how)
+                dirs, how, by_dir = {}, {}, {}
+                files, skipped = manifest(
+                    str(path), ignored, opts.get("cachedir"), dirs, how, by_dir
+                )
                 out[kind][env].append(
                     {
                         "path": str(path),
                         "files": files,
                         "dirs": dirs,
+                        "dir_digests": by_dir,
                         "skipped": skipped,
-                        "digest": digest(files, dirs),
+                        "digest": root_digest(by_dir),
                         "watched": how.get("watched", False),
                     }
                 )
@@ -402,6 +464,8 @@ def _sha256_json(document):
 def digest(files, dirs=None):
     """
     One SHA-256 for a manifest's files (and directory modes): equal trees have equal digests.
+    It is taken over the tree's ``dir_digests``, so that a read that computes only the changed
+    directories' digests again gets the whole tree's at the cost of one more.
 
     files
         The ``files`` part of a manifest.
@@ -409,7 +473,17 @@ def digest(files, dirs=None):
     dirs
         The directory modes of the manifest (``manifest``'s ``dirs``), when they count.
     """
-    return _sha256_json(files if dirs is None else {"files": files, "dirs": dirs})
+    return root_digest(dir_digests(files, dirs))
+
+
+def root_digest(by_dir):
+    """
+    The digest of a whole tree from its ``dir_digests`` (``digest``'s).
+
+    by_dir
+        ``{directory: digest}``.
+    """
+    return _sha256_json(by_dir)
 
 
 def digests(roots):
@@ -460,7 +534,7 @@ def dir_digests(files, dirs=None):
     }
 
 
-def differing_dirs(files, theirs, dirs=None):
+def differing_dirs(files, theirs, dirs=None, mine=None):
     """
     The sorted directories where the manifest ``files`` and the per-directory digests
     ``theirs`` (``dir_digests`` of the other tree) disagree, including those only one side has.
@@ -473,8 +547,13 @@ def differing_dirs(files, theirs, dirs=None):
 
     dirs
         This side's directory modes.
+
+    mine
+        This side's ``dir_digests``, where they are known (``manifests`` has them): then
+        ``files`` and ``dirs`` are not read.
     """
-    mine = dir_digests(files, dirs)
+    if mine is None:
+        mine = dir_digests(files, dirs)
     return sorted(d for d in set(mine) | set(theirs) if mine.get(d) != theirs.get(d))
 
 
@@ -628,23 +707,23 @@ SAMPLE = 50
 
 def summarized_manifests(mopts, kinds):
     """
-    ``(roots, files, modes)`` of this master's ``kinds``: per kind, env and position the root's
-    path, digest, file count and skipped entries (``_summary``); and the file manifests and
-    directory modes in the same shape.
+    ``(roots, files, modes, by_dir)`` of this master's ``kinds``: per kind, env and position
+    the root's path, digest, file count and skipped entries (``_summary``); and the file
+    manifests, directory modes and per-directory digests in the same shape.
     """
     found = manifests(mopts, kinds)
     roots = {
         kind: {env: [_summary(kind, r) for r in rs] for env, rs in envs.items()}
         for kind, envs in found.items()
     }
-    files, modes = (
+    files, modes, by_dir = (
         {
             kind: {env: [r[part] for r in rs] for env, rs in envs.items()}
             for kind, envs in found.items()
         }
-        for part in ("files", "dirs")
+        for part in ("files", "dirs", "dir_digests")
     )
-    return roots, files, modes
+    return roots, files, modes, by_dir
 
 
 def _summary(kind, root):
@@ -705,12 +784,13 @@ class AnswerBudget:
         return kept
 
 
-def narrowed(files, modes, dirs, budget=None):
+def narrowed(files, modes, dirs, budget=None, by_dir=None):
     """
     ``(files, modes, partial)`` in the shape of ``files``: each root's manifest and directory
     modes cut down to the directories whose digests differ from the primary's ``dirs`` (the
     directories themselves in ``partial``), as many as ``budget`` (an ``AnswerBudget``) lets
     one answer carry; or whole (``None`` in ``partial``) where ``dirs`` says nothing usable.
+    ``by_dir``: this side's per-directory digests in the same shape, where they are known.
     """
     budget = budget or AnswerBudget(float("inf"))
     cut_files, cut_modes, partial = {}, {}, {}
@@ -727,7 +807,10 @@ def narrowed(files, modes, dirs, budget=None):
                 ):
                     cut, where = manifest, None
                 else:
-                    where = budget.take(differing_dirs(manifest, their_digests, mine), manifest)
+                    own = by_dir[kind][env][index] if by_dir else None
+                    where = budget.take(
+                        differing_dirs(manifest, their_digests, mine, own), manifest
+                    )
                     cut = within(manifest, where)
                     mine = modes_within(mine, where)
                 cut_files.setdefault(kind, {}).setdefault(env, []).append(cut)
@@ -767,6 +850,65 @@ def staged_dir_digests(dirs, master_id, pull):
         return None
 
 
+def digests_from_deltas(dirs, mine, theirs, by_dir):
+    """
+    The primary's per-directory digests of the roots of ``by_dir``, with no pull: a root whose
+    digest is the primary's is equal to it, and one at the base of its ``delta`` (beside the
+    staged digests in ``dirs``: ``multimaster_rootsbase``) differs from it in the delta's
+    directories only. None when a root is neither: the peer pulls the full digests.
+
+    dirs
+        The ``dirs`` argument of ``roots_manifest``.
+
+    mine
+        This master's root digests (``digests``).
+
+    theirs
+        The primary's (``roots_manifest``'s ``unless``).
+
+    by_dir
+        ``{kind: {env: [dir_digests, ...]}}`` of this master's published roots that differ.
+    """
+    deltas = dirs.get("delta") if isinstance(dirs, dict) else None
+    if not isinstance(deltas, dict):
+        return None
+    out = {}
+    for kind, envs in by_dir.items():
+        for env, roots in envs.items():
+            for index, own in enumerate(roots):
+                digest = mine[kind][env][index]
+                if digest == _nth(theirs, kind, env, index):
+                    known = own
+                else:
+                    known = _delta_applied(_nth(deltas, kind, env, index), digest, own)
+                if known is None:
+                    return None
+                out.setdefault(kind, {}).setdefault(env, []).append(known)
+    return out
+
+
+def _nth(tree, kind, env, index):
+    """``tree[kind][env][index]`` of a publish's argument; None where it has no such entry."""
+    envs = tree.get(kind) if isinstance(tree, dict) else None
+    roots = envs.get(env) if isinstance(envs, dict) else None
+    return roots[index] if isinstance(roots, list) and index < len(roots) else None
+
+
+def _delta_applied(delta, digest, own):
+    """
+    The primary's per-directory digests of a root from its ``delta``, where this master's root
+    (``digest``, per-directory ``own``) is at the delta's base; else None.
+    """
+    if not isinstance(delta, dict) or delta.get("base") != digest:
+        return None
+    changed = delta.get("dirs")
+    if not isinstance(changed, dict) or not all(
+        isinstance(v, str) or v is None for v in changed.values()
+    ):
+        return None
+    return {d: v for d, v in {**own, **changed}.items() if v is not None}
+
+
 def peer_manifest(
     minion_opts, master, mopts, kinds, full=False, nonce=None, unless=None, dirs=None, pull=None
 ):
@@ -775,11 +917,12 @@ def peer_manifest(
     summaries and real paths of its roots, a fresh challenge and, with ``full``, the manifests
     of the kinds that differ from ``unless``, cut to ``dirs`` and sealed to the master that
     asked, bound to its ``nonce``. ``pull``: the job's ``multimaster_transport.puller``, where
-    ``dirs`` were staged (``staged_dir_digests``). ``restart_pending`` answers what
+    ``dirs`` were staged (``staged_dir_digests``) and their ``delta`` does not give them
+    (``digests_from_deltas``). ``restart_pending`` answers what
     ``master_settled`` would, so that a sync needs no settle round of its own
     (``multimaster_control.settled_round``).
     """
-    roots, files, modes = summarized_manifests(
+    roots, files, modes, by_dir = summarized_manifests(
         mopts, [kind for kind in kinds if kind in ROOT_KINDS]
     )
     ret = {
@@ -791,11 +934,15 @@ def peer_manifest(
     mine, theirs = digests(roots), unless if isinstance(unless, dict) else {}
     differing = {kind: envs for kind, envs in files.items() if mine[kind] != theirs.get(kind)}
     if full and differing:
-        # Through the primary's file server, as the content comes (peer_run where it cannot).
-        with multimaster_transport.ContentPull(minion_opts, pull) as fetch:
-            dirs = staged_dir_digests(dirs, master["id"], fetch)
+        published = {kind: by_dir[kind] for kind in differing if kind != "pillar_roots"}
+        known = digests_from_deltas(dirs, mine, theirs, published)
+        if known is None:
+            # Through the primary's file server, as the content comes (peer_run where it can't).
+            with multimaster_transport.ContentPull(minion_opts, pull) as fetch:
+                known = staged_dir_digests(dirs, master["id"], fetch)
+        dirs = known
         budget = AnswerBudget()
-        files, modes, partial = narrowed(differing, modes, dirs, budget)
+        files, modes, partial = narrowed(differing, modes, dirs, budget, by_dir)
         ret["sealed"] = multimaster_seal.seal(
             {"files": files, "dir_modes": modes, "dirs": partial, "left": budget.left},
             "roots_manifest",

@@ -145,12 +145,12 @@ def _clear_file_list_cache(mopts):
                 os.unlink(os.path.join(cache, name))
 
 
-def _opened_plan(minion_opts, salt_functions, master, plan):
+def _opened_plan(minion_opts, master, plan, pull):
     """
-    The body of the roots plan ``plan`` (a transfer descriptor), pulled and unsealed.
+    The body of the roots plan ``plan`` (a transfer descriptor), pulled with ``pull`` and
+    unsealed.
     """
-    with multimaster_transport.content_puller(minion_opts, salt_functions) as pull:
-        envelope = multimaster_transport.pulled_json(plan, PLAN_LIMIT, "roots plan", pull)
+    envelope = multimaster_transport.pulled_json(plan, PLAN_LIMIT, "roots plan", pull)
     body, _ = multimaster_seal.unsealed_for(minion_opts, master, envelope, "roots")
     return body
 
@@ -178,18 +178,20 @@ def apply_plan(minion_opts, salt_functions, master, mopts, plan):
     pull) and applied to this master's paired roots under its roots lock; counts, bytes, the
     path the content came by (``via``) and a sample of failures.
     """
-    body = _opened_plan(minion_opts, salt_functions, master, plan)
-    pairs = body.get("pairs") or []
-    resolved = [(paired_root(mopts, pair), pair) for pair in pairs]
-    key = bytes.fromhex(body["key"])
-    report = {"written": 0, "bytes": 0, "modes": 0, "dir_modes": 0, "deleted": 0, "failed": []}
+    # One request channel for the plan and the content: each new one loads this minion's key.
     pull = multimaster_transport.content_puller(minion_opts, salt_functions)
-    stream = multimaster_transport.chunks(
-        multimaster_transport.check_descriptor(body.get("content")), pull, key
-    )
-    reader = multimaster_transport.Reader(stream)
-    with contextlib.closing(pull), contextlib.closing(stream), locked(mopts):
-        _apply_pairs(reader, resolved, report)
+    with contextlib.closing(pull):
+        body = _opened_plan(minion_opts, master, plan, pull)
+        pairs = body.get("pairs") or []
+        resolved = [(paired_root(mopts, pair), pair) for pair in pairs]
+        key = bytes.fromhex(body["key"])
+        report = {"written": 0, "bytes": 0, "modes": 0, "dir_modes": 0, "deleted": 0, "failed": []}
+        stream = multimaster_transport.chunks(
+            multimaster_transport.check_descriptor(body.get("content")), pull, key
+        )
+        reader = multimaster_transport.Reader(stream)
+        with contextlib.closing(stream), locked(mopts):
+            _apply_pairs(reader, resolved, report)
     _clear_file_list_cache(mopts)
     report["failed"] = report["failed"][: multimaster_manifest.SAMPLE]
     report["via"] = pull.via

@@ -271,10 +271,7 @@ def published_dir_digests(local):
         This master's ``multimaster_manifest.manifests``.
     """
     return {
-        kind: {
-            env: [multimaster_manifest.dir_digests(r["files"], r["dirs"]) for r in rs]
-            for env, rs in envs.items()
-        }
+        kind: {env: [r["dir_digests"] for r in rs] for env, rs in envs.items()}
         for kind, envs in published(local).items()
     }
 

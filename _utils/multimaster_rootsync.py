@@ -16,6 +16,7 @@ import os
 import multimaster_control
 import multimaster_manifest
 import multimaster_masterkey
+import multimaster_rootsbase
 import multimaster_rootsplan
 import multimaster_seal
 import multimaster_transport
@@ -35,12 +36,14 @@ ROOT_CHOICES = {
 @dataclasses.dataclass
 class _Round:
     """
-    One round of manifests: this master's (``local``, their ``digests``), the nonce the peers'
-    manifests are bound to, and per master its answer or its error.
+    One round of manifests: this master's (``local``, their ``digests``, read with its
+    ``cachedir``), the nonce the peers' manifests are bound to, and per master its answer or
+    its error.
     """
 
     local: dict
     digests: dict
+    cachedir: str
     nonce: str
     answers: dict
     errors: dict
@@ -169,12 +172,12 @@ def _manifest_round(run, found, current, kinds, timeout):
             "full": True,
             "nonce": nonce,
             "unless": multimaster_rootsplan.published(digests),
-            "dirs": _published_dir_digests(run, found, local),
+            "dirs": _published_dir_digests(run, found, local, opts["cachedir"]),
         },
         timeout,
         multimaster_rootsplan.manifest_answer_check,
     )
-    return _Round(local, digests, nonce, answers, errors)
+    return _Round(local, digests, opts["cachedir"], nonce, answers, errors)
 
 
 def _checked_layouts(found, round_):
@@ -188,24 +191,27 @@ def _checked_layouts(found, round_):
     return round_
 
 
-def _published_dir_digests(run, found, local):
+def _published_dir_digests(run, found, local, cachedir):
     """
     This master's per-directory digests for the manifest publish: as they are when they fit in
     ``multimaster_manifest.DIR_DIGESTS_LIMIT``, else ``{"staged": {master: descriptor}}``,
-    staged for each peer's control minion to pull (the publish carries only the descriptors).
+    staged for each peer's control minion to pull (the publish carries only the descriptors),
+    with the ``delta`` since the last sync (``multimaster_rootsbase``) that spares a peer
+    still at that sync's state the pull.
     """
     dirs = multimaster_rootsplan.published_dir_digests(local)
     if len(salt.utils.json.dumps(dirs)) <= multimaster_manifest.DIR_DIGESTS_LIMIT:
         return dirs
     peers = multimaster_control.ids(found)[1:]
     staged = {m: multimaster_control.staged(run, found, m, dirs) for m in peers}
-    return {"staged": staged}
+    return {"staged": staged, "delta": multimaster_rootsbase.deltas(cachedir, local)}
 
 
 def _synced_masters(run, found, round_, test, timeout):
     """
     Per master: its error, ``changed: False`` where its roots already match, else the result of
-    syncing it (in the configured order).
+    syncing it (in the configured order). Unless ``test``, this round's roots become the next
+    sync's base (``multimaster_rootsbase``) where a peer now holds them.
     """
     out = {master: {"result": False, "error": error} for master, error in round_.errors.items()}
     for master in [m for m in multimaster_control.ids(found)[1:] if m in round_.answers]:
@@ -214,6 +220,8 @@ def _synced_masters(run, found, round_, test, timeout):
         else:
             out[master] = _sync_one_root_set(run, found, master, round_, test, timeout)
         out[master]["watched"] = _watched(round_.answers[master]["roots"])
+    if not test and any(r.get("result") is True and not r.get("left") for r in out.values()):
+        multimaster_rootsbase.save(round_.cachedir, round_.local)
     return out
 
 

@@ -8,6 +8,7 @@ from the primary's outbox) are stand-ins; every tree is real, under tmp.
 import contextlib
 import json
 import os
+import shutil
 import stat
 
 import multimaster_control
@@ -252,13 +253,11 @@ def test_file_root_directories_get_the_primary_s_modes(hosts):
     assert runner.sync_roots(roots="file")["masters"]["m2"] == UNCHANGED
 
 
-def test_directory_digests_too_large_for_a_publish_are_pulled_and_still_narrow_the_answer(
-    hosts, monkeypatch
-):
+@pytest.fixture
+def many_dirs_synced(hosts, monkeypatch):
     """
-    A tree of thousands of directories: the primary's per-directory digests do not fit in a
-    publish, so they are staged for the peer, which pulls them and still seals only the
-    directories that differ (its whole manifest would be over what its minion returns).
+    200 directories synced, their digests too large for a publish; the peer's pulls of the
+    staged digests are counted: ``(runner, primary, peer, pulls)``.
     """
     runner, primary, peer = hosts
     monkeypatch.setattr(multimaster_manifest, "DIR_DIGESTS_LIMIT", 0)
@@ -266,7 +265,28 @@ def test_directory_digests_too_large_for_a_publish_are_pulled_and_still_narrow_t
         (primary.salt / f"d{n}").mkdir()
         (primary.salt / f"d{n}" / "init.sls").write_text(f"{n}: {{}}\n")
     assert runner.sync_roots(roots="file")["retcode"] == 0
+    pulls = []
+    staged = multimaster_manifest.staged_dir_digests
+    monkeypatch.setattr(
+        multimaster_manifest,
+        "staged_dir_digests",
+        lambda *a: pulls.append(a[1]) or staged(*a),
+    )
+    return runner, primary, peer, pulls
+
+
+def test_directory_digests_too_large_for_a_publish_are_pulled_and_still_narrow_the_answer(
+    many_dirs_synced, monkeypatch
+):
+    """
+    A tree of thousands of directories: the primary's per-directory digests do not fit in a
+    publish, so they are staged for the peer, which pulls them (no base here to give them)
+    and still seals only the directories that differ (its whole manifest would be over what
+    its minion returns).
+    """
+    runner, primary, peer, pulls = many_dirs_synced
     (primary.salt / "d7" / "init.sls").write_text("changed: {}\n")
+    os.unlink(os.path.join(primary.opts["cachedir"], "multimaster", "roots-base.json"))
     asked = []
     real = peer.peer.roots_manifest
     monkeypatch.setattr(peer.peer, "roots_manifest", lambda **kw: asked.append(kw) or real(**kw))
@@ -274,10 +294,51 @@ def test_directory_digests_too_large_for_a_publish_are_pulled_and_still_narrow_t
     assert ret["retcode"] == 0, ret
     assert ret["masters"]["m2"]["changes"]["counts"]["changed"] == 1, ret
     assert (peer.salt / "d7" / "init.sls").read_text() == "changed: {}\n"
-    assert set(asked[0]["dirs"]) == {"staged"} and set(asked[0]["dirs"]["staged"]) == {"m2"}
+    assert set(asked[0]["dirs"]["staged"]) == {"m2"} and pulls == ["m2"]
+    assert asked[0]["dirs"]["delta"] == {"file_roots": {"base": [None]}}
     # What the peer sealed: the one differing directory's manifest, not all 200 (30 KB).
     sealed = [r["answer"]["sealed"] for r in peer.returns if (r.get("answer") or {}).get("sealed")]
     assert len(json.dumps(sealed[-1])) < 4000, len(json.dumps(sealed[-1]))
+
+
+def test_a_peer_still_at_the_last_sync_s_state_compares_the_changed_directories_only(
+    many_dirs_synced,
+):
+    """
+    The publish names the directories changed since the last sync (the delta): a peer whose
+    roots are still those of that sync pulls nothing and seals only what differs.
+    """
+    runner, primary, peer, pulls = many_dirs_synced
+    (primary.salt / "d7" / "init.sls").write_text("changed: {}\n")
+    (primary.salt / "new").mkdir()
+    (primary.salt / "new" / "init.sls").write_text("new: {}\n")
+    shutil.rmtree(primary.salt / "d9")
+    ret = runner.sync_roots(roots="file")
+    assert ret["retcode"] == 0, ret
+    counts = ret["masters"]["m2"]["changes"]["counts"]
+    assert (counts["added"], counts["changed"], counts["deleted"]) == (1, 1, 1), ret
+    assert pulls == []
+    assert (peer.salt / "d7" / "init.sls").read_text() == "changed: {}\n"
+    assert (peer.salt / "new" / "init.sls").exists() and not (peer.salt / "d9").exists()
+    sealed = [r["answer"]["sealed"] for r in peer.returns if (r.get("answer") or {}).get("sealed")]
+    assert len(json.dumps(sealed[-1])) < 4000, len(json.dumps(sealed[-1]))
+    assert runner.sync_roots(roots="file")["masters"]["m2"]["changed"] is False
+
+
+def test_a_peer_changed_since_the_last_sync_pulls_the_full_digests(many_dirs_synced):
+    """
+    A peer whose roots changed on their own since the last sync is not at the delta's base:
+    it pulls the primary's full digests, and both its change and the primary's are undone.
+    """
+    runner, primary, peer, pulls = many_dirs_synced
+    (primary.salt / "d7" / "init.sls").write_text("changed: {}\n")
+    (peer.salt / "d3" / "init.sls").write_text("drifted: {}\n")
+    ret = runner.sync_roots(roots="file")
+    assert ret["retcode"] == 0, ret
+    assert ret["masters"]["m2"]["changes"]["counts"]["changed"] == 2, ret
+    assert pulls == ["m2"]
+    assert (peer.salt / "d3" / "init.sls").read_text() == "3: {}\n"
+    assert runner.sync_roots(roots="file")["masters"]["m2"]["changed"] is False
 
 
 @pytest.fixture

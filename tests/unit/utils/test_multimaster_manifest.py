@@ -272,7 +272,17 @@ def test_a_peer_manifest_cut_to_the_differing_directories_plans_as_the_whole_one
     dirs = {}
     files = manifest.manifest(tree, dirs=dirs)[0]
     local = {
-        "file_roots": {"base": [{"path": str(tree), "files": files, "dirs": dirs, "skipped": {}}]}
+        "file_roots": {
+            "base": [
+                {
+                    "path": str(tree),
+                    "files": files,
+                    "dirs": dirs,
+                    "dir_digests": manifest.dir_digests(files, dirs),
+                    "skipped": {},
+                }
+            ]
+        }
     }
     theirs = dict(files)
     theirs["nested/deep/run.sh"] = {**theirs["nested/deep/run.sh"], "sha256": "1" * 64}

@@ -74,15 +74,19 @@ def engine(tmp_path):
 
 
 def full_scan(root):
-    dirs = {}
-    files, skipped = manifest.manifest(str(root), dirs=dirs)
-    return files, skipped, dirs
+    dirs, by_dir = {}, {}
+    files, skipped = manifest.manifest(str(root), dirs=dirs, by_dir=by_dir)
+    return files, skipped, dirs, by_dir
 
 
 def through_record(root, cachedir):
-    dirs = {}
-    files, skipped = manifest.manifest(str(root), cachedir=str(cachedir), dirs=dirs)
-    return files, skipped, dirs
+    """
+    What a full scan returns, per-directory digests included: those of the directories the
+    record does not name come from the snapshot.
+    """
+    dirs, by_dir = {}, {}
+    files, skipped = manifest.manifest(str(root), cachedir=str(cachedir), dirs=dirs, by_dir=by_dir)
+    return files, skipped, dirs, by_dir
 
 
 @pytest.fixture
@@ -143,6 +147,26 @@ def test_a_no_op_reads_no_directory_and_one_change_reads_one(tree, engine, reads
     (tree / "a" / "c" / "two.sls").write_text("changed\n")
     through_record(tree, engine.cachedir)
     assert reads == [("a/c", False)]
+
+
+def test_only_the_directories_read_again_get_their_digests_computed(tree, engine, monkeypatch):
+    engine.start(tree)
+    through_record(tree, engine.cachedir)
+    hashed = []
+    sha256_json = manifest._sha256_json
+
+    def counting(document):
+        hashed.append(document)
+        return sha256_json(document)
+
+    monkeypatch.setattr(manifest, "_sha256_json", counting)
+    through_record(tree, engine.cachedir)
+    assert hashed == []
+    (tree / "a" / "c" / "two.sls").write_text("changed\n")
+    read = through_record(tree, engine.cachedir)
+    assert [sorted(d["files"]) for d in hashed] == [["a/c/two.sls"]]
+    monkeypatch.setattr(manifest, "_sha256_json", sha256_json)
+    assert read == full_scan(tree)
 
 
 def test_a_replaced_root_is_read_whole(tree, engine):
