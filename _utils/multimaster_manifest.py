@@ -269,10 +269,11 @@ def _read_with_record(root, ignored, cachedir):
         )
     trusted_before = time.time_ns() - _RACY_NS
     before, racy = _snapshot_records(snapshot)
-    todo = _to_read(changed, racy)
+    todo = _to_read(changed)
     if not todo and snapshot.get("by_dir") is not None:
         return _as_snapshot_stands(snapshot, before)
-    # A stat key says whether a file is the one hashed, whatever the record says.
+    # A stat key says whether a file is the one hashed, whatever the record says; the key of
+    # one written too recently (racy) may also be that of its next write.
     known = {rel: r[:6] for rel, r in before.items() if rel not in racy} or _load_hashes(
         _hash_cache_path(cachedir, root)
     )
@@ -332,17 +333,16 @@ def _snapshot_records(snapshot):
     return records, set(snapshot.get("racy") or []) if records else set()
 
 
-def _to_read(changed, racy):
+def _to_read(changed):
     """
     ``{directory: subtree}`` to read again: the changed ones (the whole tree where ``changed``
-    is None or names more than ``_MOST_DIRS``), the directories of files that were written too
-    recently to trust their stat, and none inside a subtree read in full.
+    is None or names more than ``_MOST_DIRS``), none inside a subtree read in full. A file
+    written too recently to trust its stat needs no read of its own: a later write to it is in
+    the record, and a read of its directory hashes it again (``racy``).
     """
     if changed is None:
         return {"": True}
     todo = {d: bool(s) for d, s in changed.items() if isinstance(d, str)}
-    for rel in racy:
-        todo.setdefault(_dir_of(rel), False)
     if len(todo) > _MOST_DIRS:
         return {"": True}
     subtrees = sorted(d for d, s in todo.items() if s)

@@ -47,15 +47,6 @@ class Engine:
             self.thread.join(10)
 
 
-@pytest.fixture(autouse=True)
-def only_the_record(monkeypatch):
-    """
-    No directory is read again for holding a file written in the last 2 s (every file here
-    is): only the record says what changed, so a change it missed fails the test.
-    """
-    monkeypatch.setattr(manifest, "_RACY_NS", -(10**9))
-
-
 @pytest.fixture
 def tree(tmp_path):
     root = tmp_path / "roots"
@@ -135,9 +126,8 @@ def test_a_tree_made_at_once_is_read_whole(tree, engine):
     assert through_record(tree, engine.cachedir) == full_scan(tree)
 
 
-def test_a_no_op_reads_no_directory_and_one_change_reads_one(tree, engine, reads, monkeypatch):
-    # Files written in the last 2 s are read again until their stat can be trusted: none here.
-    monkeypatch.setattr(manifest, "_RACY_NS", -(10**9))
+def test_a_no_op_reads_no_directory_and_one_change_reads_one(tree, engine, reads):
+    # Every file here was written in the last 2 s: only the record says what to read again.
     engine.start(tree)
     through_record(tree, engine.cachedir)
     reads.clear()
@@ -147,6 +137,21 @@ def test_a_no_op_reads_no_directory_and_one_change_reads_one(tree, engine, reads
     (tree / "a" / "c" / "two.sls").write_text("changed\n")
     through_record(tree, engine.cachedir)
     assert reads == [("a/c", False)]
+
+
+def test_a_rewrite_its_stat_does_not_show_is_hashed_again(tree, engine, monkeypatch):
+    """
+    A file rewritten with its size within one timestamp tick keeps its stat key: its directory
+    is in the record, and a file written too recently to trust its key is hashed again.
+    """
+    now = manifest.time.time_ns()
+    monkeypatch.setattr(
+        manifest, "_stat_key", lambda info: [info.st_dev, info.st_ino, info.st_size, now, now]
+    )
+    engine.start(tree)
+    through_record(tree, engine.cachedir)
+    (tree / "d" / "x.sls").write_text("file 8\n")  # the size of "file 4\n"
+    assert through_record(tree, engine.cachedir)[0]["d/x.sls"] == full_scan(tree)[0]["d/x.sls"]
 
 
 def test_only_the_directories_read_again_get_their_digests_computed(tree, engine, monkeypatch):
