@@ -12,6 +12,7 @@ checked against its planned sha256 before it is renamed into place.
 
 import contextlib
 import fcntl
+import hashlib
 import os
 
 import multimaster_manifest
@@ -128,11 +129,40 @@ def _set_file_modes(root, pair, report):
             report["failed"].append(_failure(root, pair, repr(path), exc))
 
 
-def _clear_temps(root, pair, report):
+def _clean_mark(mopts, root):
+    name = hashlib.sha256(os.path.abspath(root).encode()).hexdigest()
+    return os.path.join(mopts["cachedir"], "multimaster", "roots-clean", name)
+
+
+def _clear_temps(mopts, root, pair, report):
+    """
+    Remove the temporary files an interrupted sync left below ``root``. Only a sync that
+    stopped before its end leaves any, and only a sync that reached it left the root's clean
+    mark: with the mark there is nothing to look for (a walk of 30,000 files is most of a
+    small apply). The mark goes before this sync writes, and comes back at its end
+    (``_mark_clean``).
+    """
+    try:
+        os.unlink(_clean_mark(mopts, root))
+        return
+    except OSError:
+        pass
     try:
         multimaster_safefs.clear_temps(root)
     except OSError as exc:
         report["failed"].append(_failure(root, pair, "leftover temporary files", exc))
+
+
+def _mark_clean(mopts, roots):
+    """
+    Mark each of ``roots`` as left by a sync that reached its end: no temporary file of it
+    is left (``_clear_temps``). A mark that cannot be made costs the next sync a walk.
+    """
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(_clean_mark(mopts, "/")), mode=0o700, exist_ok=True)
+        for root in roots:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
+            os.close(os.open(_clean_mark(mopts, root), flags, 0o600))
 
 
 def _clear_file_list_cache(mopts):
@@ -155,11 +185,11 @@ def _opened_plan(minion_opts, master, plan, pull):
     return body
 
 
-def _apply_pairs(reader, resolved, report):
+def _apply_pairs(mopts, reader, resolved, report):
     # Deletions first: a file the primary turned into a directory (or the reverse) is out of
     # the way before its replacement is written.
     for root, pair in resolved:
-        _clear_temps(root, pair, report)
+        _clear_temps(mopts, root, pair, report)
         _delete_all(root, pair, report)
         _set_dir_modes(root, pair, report)
     for root, pair in resolved:
@@ -191,7 +221,9 @@ def apply_plan(minion_opts, salt_functions, master, mopts, plan):
         )
         reader = multimaster_transport.Reader(stream)
         with contextlib.closing(stream), locked(mopts):
-            _apply_pairs(reader, resolved, report)
+            _apply_pairs(mopts, reader, resolved, report)
+            if not report["failed"]:
+                _mark_clean(mopts, [root for root, _ in resolved])
     _clear_file_list_cache(mopts)
     report["failed"] = report["failed"][: multimaster_manifest.SAMPLE]
     report["via"] = pull.via

@@ -442,7 +442,8 @@ def test_a_master_restarted_after_a_job_flushes_its_bus_first(
     master, conf, spawn, tmp_path, monkeypatch, flushed
 ):
     proc, pidfile = master("-c", conf)
-    job = spawn("-c", "pass")
+    # A job that ends at once may be gone before its exec is seen: this one lives a moment.
+    job = spawn("-c", "import time; time.sleep(0.5)")
     out = tmp_path / "cwd"
     spec = _watcher_spec(monkeypatch, pidfile, conf, out, wait_pid=job.pid)
     assert spec["flush"] == conf

@@ -153,6 +153,27 @@ def test_temporary_files_an_interrupted_sync_left_are_cleared(tmp_path):
     assert (tmp_path / "a" / "keep.sls").read_text() == "x\n"
 
 
+def test_only_a_sync_that_did_not_reach_its_end_makes_the_next_look_for_its_temporary_files(
+    tmp_path, monkeypatch
+):
+    mopts, root, pair = {"cachedir": str(tmp_path / "cache")}, tmp_path / "root", {}
+    leftover = root / "a" / ".multimaster-tmp-0123456789ab"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_text("half")
+    report = {"failed": []}
+    roots._clear_temps(mopts, str(root), pair, report)
+    assert not leftover.exists() and report == {"failed": []}
+
+    roots._mark_clean(mopts, [str(root)])
+    walks = []
+    monkeypatch.setattr(safefs, "clear_temps", walks.append)
+    roots._clear_temps(mopts, str(root), pair, report)
+    assert walks == []
+    # The mark went with that sync's start: were it cut short, the next one walks.
+    roots._clear_temps(mopts, str(root), pair, report)
+    assert walks == [str(root)]
+
+
 def test_directories_a_write_makes_are_private_until_given_their_mode(tmp_path):
     root = tmp_path / "srv" / "pillar"
     safefs.write_file(root, "a/b/secret.sls", [b"x\n"], 0o644)
