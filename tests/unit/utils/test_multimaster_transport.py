@@ -174,6 +174,11 @@ def test_files_stream_encrypted_and_split_back_into_files(sender, small_chunks, 
     assert not any(paths[1].read_bytes()[:64] in chunk for chunk in seen)
 
 
+def test_the_reader_hands_out_the_stream_in_order_across_chunks_of_any_size():
+    reader = transport.Reader(iter([b"ab", b"", b"cde", b"fghij", b"k"]))
+    assert [reader.read(n) for n in (4, 1, 0, 3, 9, 1)] == [b"abcd", b"e", b"", b"fgh", b"ijk", b""]
+
+
 def test_the_meta_rewritten_at_each_chunk_does_not_carry_the_member_list(
     sender, small_chunks, tmp_path
 ):
