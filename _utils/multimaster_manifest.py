@@ -60,9 +60,17 @@ def ignored_by(opts):
     return ignored
 
 
-def _hash_cache_path(cachedir, root):
+def per_root_path(cachedir, kept, root, suffix=".json"):
+    """
+    The file in ``<cachedir>/multimaster/<kept>`` that holds what is kept of ``root``: named
+    by the SHA-256 of its absolute path.
+    """
     name = hashlib.sha256(os.path.abspath(root).encode()).hexdigest()
-    return os.path.join(cachedir, "multimaster", "roots-hashes", f"{name}.json")
+    return os.path.join(cachedir, "multimaster", kept, name + suffix)
+
+
+def _hash_cache_path(cachedir, root):
+    return per_root_path(cachedir, "roots-hashes", root)
 
 
 def _load_hashes(path):
@@ -218,8 +226,7 @@ _MOST_DIRS = 256
 
 
 def _snapshot_path(cachedir, root):
-    name = hashlib.sha256(os.path.abspath(root).encode()).hexdigest()
-    return os.path.join(cachedir, "multimaster", "roots-snapshots", f"{name}.json")
+    return per_root_path(cachedir, "roots-snapshots", root)
 
 
 def _load_snapshot(path):

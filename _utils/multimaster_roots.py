@@ -12,7 +12,6 @@ checked against its planned sha256 before it is renamed into place.
 
 import contextlib
 import fcntl
-import hashlib
 import os
 
 import multimaster_manifest
@@ -130,8 +129,7 @@ def _set_file_modes(root, pair, report):
 
 
 def _clean_mark(mopts, root):
-    name = hashlib.sha256(os.path.abspath(root).encode()).hexdigest()
-    return os.path.join(mopts["cachedir"], "multimaster", "roots-clean", name)
+    return multimaster_manifest.per_root_path(mopts["cachedir"], "roots-clean", root, "")
 
 
 def _clear_temps(mopts, root, pair, report):
