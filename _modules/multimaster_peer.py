@@ -20,9 +20,9 @@ try:
     import multimaster_clustersync
     import multimaster_keystore
     import multimaster_keywrite
-    import multimaster_manifest
     import multimaster_masterkey
     import multimaster_roots
+    import multimaster_rootsanswer
     import multimaster_rotation
     import multimaster_saltcompat
     import multimaster_seal
@@ -379,7 +379,7 @@ def roots_manifest(
         salt-run multimaster.sync_roots test=True   # the runner calls this
     """
     asked = (kinds, full, nonce, unless, dirs, multimaster_transport.puller(__salt__))
-    return multimaster_manifest.peer_manifest(__opts__, *_mopts(), *asked)
+    return multimaster_rootsanswer.peer_manifest(__opts__, *_mopts(), *asked)
 
 
 @_signed_answer

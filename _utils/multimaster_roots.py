@@ -15,6 +15,7 @@ import fcntl
 import os
 
 import multimaster_manifest
+import multimaster_rootsread
 import multimaster_safefs
 import multimaster_seal
 import multimaster_transport
@@ -129,7 +130,7 @@ def _set_file_modes(root, pair, report):
 
 
 def _clean_mark(mopts, root):
-    return multimaster_manifest.per_root_path(mopts["cachedir"], "roots-clean", root, "")
+    return multimaster_rootsread.per_root_path(mopts["cachedir"], "roots-clean", root, "")
 
 
 def _clear_temps(mopts, root, pair, report):

@@ -16,6 +16,7 @@ import json
 import os
 
 import multimaster_manifest
+import multimaster_rootsread
 
 # The most directories a delta names (changed, added or removed): beyond it the peers pull the
 # full digests.
@@ -96,4 +97,4 @@ def save(cachedir, local):
         for kind, env, index, root in _published_roots(local)
     }
     if base != _load(cachedir):
-        multimaster_manifest.save_json(_path(cachedir), base)
+        multimaster_rootsread.save_json(_path(cachedir), base)

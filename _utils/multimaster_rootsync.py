@@ -84,7 +84,7 @@ def sync_roots(run, roots="both", test=False, timeout=300):
 
 
 # The most rounds one sync_roots makes while peers answer that directories are left (each
-# round carries at most multimaster_manifest.ANSWER_LIMIT of manifests per peer).
+# round carries at most multimaster_rootsanswer.ANSWER_LIMIT of manifests per peer).
 MAX_ROUNDS = 50
 
 

@@ -24,6 +24,7 @@ import multimaster_manifest
 import multimaster_masterkey
 import multimaster_masterkeyfiles
 import multimaster_returns
+import multimaster_rootsanswer
 import multimaster_rootsplan
 import multimaster_rootsync
 import multimaster_seal
@@ -80,7 +81,7 @@ def master_report(minion_opts, master, mopts, signing=False, ping_timeout=5):
     for part in ("keys", "master_key"):
         report[part].pop("binding")
     kinds = multimaster_manifest.synced_kinds(mopts)[0]
-    report["roots"] = multimaster_manifest.summarized_manifests(mopts, kinds)[0]
+    report["roots"] = multimaster_rootsanswer.summarized_manifests(mopts, kinds)[0]
     report["git"] = multimaster_manifest.served_commits(mopts)
     report["job_cache"] = multimaster_jobcache.check(mopts)
     report["alive"] = report["keys"]["alive"]

@@ -17,6 +17,7 @@ import multimaster_keywrite
 import multimaster_manifest
 import multimaster_masterkey
 import multimaster_returns
+import multimaster_rootsanswer
 import multimaster_rootsync
 import multimaster_safefs
 import multimaster_status
@@ -266,9 +267,9 @@ def many_dirs_synced(hosts, monkeypatch):
         (primary.salt / f"d{n}" / "init.sls").write_text(f"{n}: {{}}\n")
     assert runner.sync_roots(roots="file")["retcode"] == 0
     pulls = []
-    staged = multimaster_manifest.staged_dir_digests
+    staged = multimaster_rootsanswer.staged_dir_digests
     monkeypatch.setattr(
-        multimaster_manifest,
+        multimaster_rootsanswer,
         "staged_dir_digests",
         lambda *a: pulls.append(a[1]) or staged(*a),
     )
@@ -365,7 +366,7 @@ def test_a_peer_whose_differing_manifests_exceed_one_answer_is_synced_in_rounds(
     of one sync_roots, whose report adds them up.
     """
     runner, primary, peer = five_changed
-    monkeypatch.setattr(multimaster_manifest, "ANSWER_LIMIT", 1)
+    monkeypatch.setattr(multimaster_rootsanswer, "ANSWER_LIMIT", 1)
     ret = runner.sync_roots(roots="file")
     assert ret["retcode"] == 0, ret
     result = ret["masters"]["m2"]
@@ -377,7 +378,7 @@ def test_a_peer_whose_differing_manifests_exceed_one_answer_is_synced_in_rounds(
 
 def test_rounds_are_bounded_and_a_re_run_goes_on(five_changed, monkeypatch):
     runner, primary, peer = five_changed
-    monkeypatch.setattr(multimaster_manifest, "ANSWER_LIMIT", 1)
+    monkeypatch.setattr(multimaster_rootsanswer, "ANSWER_LIMIT", 1)
     monkeypatch.setattr(multimaster_rootsync, "MAX_ROUNDS", 2)
     ret = runner.sync_roots(roots="file")
     assert ret["retcode"] == 1

@@ -1,7 +1,7 @@
 """
 Roots trees as manifests: they skip what must not move and never read through a symlink, the
-hash cache trusts only what cannot have changed unseen, and a peer's manifest cut to the
-directories that differ plans as the whole one.
+hash cache trusts only what cannot have changed unseen, and per-directory digests name the
+directories that differ.
 """
 
 import json
@@ -11,7 +11,7 @@ import subprocess
 import time
 
 import multimaster_manifest as manifest
-import multimaster_rootsplan as rootsplan
+import multimaster_rootsread as rootsread
 import multimaster_safefs as safefs
 import pytest
 
@@ -187,7 +187,7 @@ def hash_reads(monkeypatch):
 @pytest.fixture
 def counted_hashing(hash_reads, monkeypatch):
     """``hash_reads``, with files older than now trusted to the cache."""
-    monkeypatch.setattr(manifest, "_RACY_NS", 0)
+    monkeypatch.setattr(rootsread, "_RACY_NS", 0)
     return hash_reads
 
 
@@ -230,7 +230,7 @@ def test_a_file_changed_just_now_is_not_trusted_to_the_cache(tree, tmp_path, has
 def test_a_damaged_hash_cache_is_ignored_and_replaced(tree, tmp_path, counted_hashing):
     cache = tmp_path / "cache"
     truth = manifest.manifest(tree)
-    path = pathlib.Path(manifest._hash_cache_path(str(cache), str(tree)))
+    path = pathlib.Path(rootsread._hash_cache_path(str(cache), str(tree)))
     for damaged in ("not json", "[1, 2]", '{"top.sls": "x", "empty": [1]}'):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(damaged)
@@ -241,7 +241,7 @@ def test_a_damaged_hash_cache_is_ignored_and_replaced(tree, tmp_path, counted_ha
 def test_a_no_op_manifest_does_not_rewrite_the_cache(tree, tmp_path, counted_hashing):
     cache = str(tmp_path / "cache")
     manifest.manifest(tree, cachedir=cache)
-    path = pathlib.Path(manifest._hash_cache_path(cache, str(tree)))
+    path = pathlib.Path(rootsread._hash_cache_path(cache, str(tree)))
     inode = path.stat().st_ino
     manifest.manifest(tree, cachedir=cache)
     assert path.stat().st_ino == inode
@@ -253,11 +253,11 @@ def test_a_no_op_manifest_does_not_rewrite_the_cache(tree, tmp_path, counted_has
 def test_directory_digests_name_only_the_directories_that_differ(tree, tmp_path):
     primary = manifest.manifest(tree)[0]
     peer = dict(primary)
-    assert manifest.differing_dirs(peer, manifest.dir_digests(primary)) == []
+    assert manifest.differing_dirs(peer, rootsread.dir_digests(primary)) == []
     peer["nested/deep/run.sh"] = {**peer["nested/deep/run.sh"], "mode": 0o644}
     peer["stale/old.sls"] = {"size": 1, "mode": 0o644, "sha256": "0" * 64}
     del peer["top.sls"]
-    assert manifest.differing_dirs(peer, manifest.dir_digests(primary)) == [
+    assert manifest.differing_dirs(peer, rootsread.dir_digests(primary)) == [
         "",
         "nested/deep",
         "stale",
@@ -266,97 +266,6 @@ def test_directory_digests_name_only_the_directories_that_differ(tree, tmp_path)
         "nested/deep/run.sh",
         "stale/old.sls",
     ]
-
-
-def test_a_peer_manifest_cut_to_the_differing_directories_plans_as_the_whole_one(tree):
-    dirs = {}
-    files = manifest.manifest(tree, dirs=dirs)[0]
-    local = {
-        "file_roots": {
-            "base": [
-                {
-                    "path": str(tree),
-                    "files": files,
-                    "dirs": dirs,
-                    "dir_digests": manifest.dir_digests(files, dirs),
-                    "skipped": {},
-                }
-            ]
-        }
-    }
-    theirs = dict(files)
-    theirs["nested/deep/run.sh"] = {**theirs["nested/deep/run.sh"], "sha256": "1" * 64}
-    theirs["gone/old.sls"] = {"size": 1, "mode": 0o644, "sha256": "0" * 64}
-    del theirs["blob.bin"]
-    their_dirs = dict(dirs, nested=0o777, gone=0o755)
-    whole = {"file_roots": {"base": [theirs]}}
-    modes = {"file_roots": {"base": [their_dirs]}}
-    sent = rootsplan.published_dir_digests(local)
-    cut, cut_modes, partial = manifest.narrowed(whole, modes, sent)
-    assert partial == {"file_roots": {"base": [["", "gone", "nested", "nested/deep"]]}}
-    assert "top.sls" in cut["file_roots"]["base"][0]  # same directory as the missing blob
-    assert "with space.sls" in cut["file_roots"]["base"][0]
-    assert cut_modes["file_roots"]["base"][0] == manifest.modes_within(
-        their_dirs, partial["file_roots"]["base"][0]
-    )
-    assert rootsplan.sync_plan(local, cut, cut_modes, partial) == rootsplan.sync_plan(
-        local, whole, modes
-    )
-    pairs, _ = rootsplan.sync_plan(local, cut, cut_modes, partial)
-    assert [w["path"] for w in pairs[0]["write"]] == ["blob.bin", "nested/deep/run.sh"]
-    assert pairs[0]["delete"] == ["gone/old.sls"]
-    assert pairs[0]["dirs"] == [["nested", dirs["nested"]]]
-    # Digests the publish cannot carry, or garbage in their place: the whole manifest.
-    assert manifest.narrowed(whole, modes, None) == (
-        whole,
-        modes,
-        {"file_roots": {"base": [None]}},
-    )
-    garbage = {"file_roots": {"base": [{"x": 1}]}}
-    assert manifest.narrowed(whole, modes, garbage)[0] == whole
-
-
-def test_digests_too_large_for_a_publish_are_pulled_from_where_the_primary_staged_them(tmp_path):
-    """
-    The primary's per-directory digests of a tree with thousands of directories do not fit a
-    publish: it stages them for each peer, and the peer pulls those staged for its master. A
-    peer without them would seal its whole manifest, over what a Salt 3008 minion returns
-    untrimmed (1 MiB).
-    """
-    import multimaster_transport as transport
-
-    primary = {"cachedir": str(tmp_path), "minimum_auth_version": 3}
-    digests = {"file_roots": {"base": [{"": "a" * 64, "deep/er": "b" * 64}]}}
-    staged = {
-        "staged": {
-            m: transport.stage(primary, f"cm-{m}", json.dumps(digests).encode())
-            for m in ("master2", "master3")
-        }
-    }
-
-    def pull_as(requester):
-        return lambda ticket, offset: transport.serve(primary, requester, ticket, offset)
-
-    assert manifest.staged_dir_digests(staged, "master2", pull_as("cm-master2")) == digests
-    # Digests that came in the publish are used as they are; none staged for this master, or a
-    # pull the primary refuses (another minion's ticket): no digests, the whole manifest.
-    assert manifest.staged_dir_digests(digests, "master2", None) is digests
-    assert manifest.staged_dir_digests(staged, "master4", pull_as("cm-master4")) is None
-    assert manifest.staged_dir_digests(staged, "master3", pull_as("cm-master2")) is None
-
-
-def test_an_answer_carries_the_leading_differing_directories_that_fit_and_counts_the_rest():
-    entry = {"size": 1, "mode": 0o644, "sha256": "0" * 64}
-    files = {f"d{n}/f{i}.sls": entry for n in range(4) for i in range(3)}
-    probe = manifest.AnswerBudget(10**6)
-    probe.take(["d0"], files)
-    one_dir = 10**6 - probe.room
-    budget = manifest.AnswerBudget(one_dir * 5 // 2)
-    assert budget.take(["d0", "d1", "d2"], files) == ["d0", "d1"]
-    # Once one directory did not fit, the rest of the answer is left too (a sorted prefix).
-    assert budget.take(["d3"], files) == [] and budget.left == 2
-    # The first directory of an answer always goes, however large: each round makes progress.
-    assert manifest.AnswerBudget(0).take(["d2", "d3"], files) == ["d2"]
 
 
 def test_a_directory_swapped_for_a_symlink_during_the_scan_is_not_read_through(
@@ -388,14 +297,14 @@ def test_a_name_that_is_not_utf8_is_skipped_and_reported(tmp_path):
         handle.write("x: 1\n")
     files, skipped = manifest.manifest(tmp_path / "root")
     assert files == {} and list(skipped.values()) == ["name not valid UTF-8"]
-    json.dumps(manifest.dir_digests(files))
+    json.dumps(rootsread.dir_digests(files))
 
 
 @pytest.mark.parametrize("sha", [None, "0" * 63, "Z" * 64, 7])
 def test_a_malformed_hash_cache_entry_is_not_trusted(tree, tmp_path, counted_hashing, sha):
     cache = str(tmp_path / "cache")
     files, _ = manifest.manifest(tree, cachedir=cache)
-    path = manifest._hash_cache_path(cache, str(tree))
+    path = rootsread._hash_cache_path(cache, str(tree))
     with open(path, encoding="utf-8") as handle:
         hashes = json.load(handle)
     hashes["top.sls"][5] = sha

@@ -5,6 +5,7 @@ that is not well formed) leaves the peer to pull the full digests.
 """
 
 import multimaster_manifest as manifest
+import multimaster_rootsanswer as rootsanswer
 import multimaster_rootsbase as rootsbase
 import pytest
 
@@ -31,7 +32,7 @@ def test_a_peer_at_the_base_gets_the_primary_s_digests_from_the_delta(tmp_path):
     }
     mine = {"file_roots": {"base": [manifest.root_digest(BASE)]}}
     theirs = {"file_roots": {"base": [manifest.root_digest(NOW)]}}
-    got = manifest.digests_from_deltas(
+    got = rootsanswer.digests_from_deltas(
         {"staged": {}, "delta": deltas}, mine, theirs, {"file_roots": {"base": [BASE]}}
     )
     assert got == {"file_roots": {"base": [NOW]}}
@@ -43,14 +44,16 @@ def test_a_peer_elsewhere_or_a_root_without_base_pulls(tmp_path):
     by_dir = {"file_roots": {"base": [{"": "9" * 64}]}}
     rootsbase.save(str(tmp_path), local(BASE))
     deltas = rootsbase.deltas(str(tmp_path), local(NOW))
-    assert manifest.digests_from_deltas({"delta": deltas}, mine, theirs, by_dir) is None
+    assert rootsanswer.digests_from_deltas({"delta": deltas}, mine, theirs, by_dir) is None
     # Another path in the same slot is another root: no base.
     assert rootsbase.deltas(str(tmp_path), local(NOW, "/srv/other")) == {
         "file_roots": {"base": [None]}
     }
     # A root already equal to the primary's needs no delta.
     equal = {"file_roots": {"base": [manifest.root_digest(NOW)]}}
-    got = manifest.digests_from_deltas({"delta": {}}, equal, equal, {"file_roots": {"base": [NOW]}})
+    got = rootsanswer.digests_from_deltas(
+        {"delta": {}}, equal, equal, {"file_roots": {"base": [NOW]}}
+    )
     assert got == {"file_roots": {"base": [NOW]}}
 
 
@@ -75,7 +78,8 @@ def test_a_delta_that_is_not_well_formed_is_not_used(delta):
     theirs = {"file_roots": {"base": [manifest.root_digest(NOW)]}}
     dirs = {"delta": {"file_roots": {"base": [delta]}}}
     assert (
-        manifest.digests_from_deltas(dirs, mine, theirs, {"file_roots": {"base": [BASE]}}) is None
+        rootsanswer.digests_from_deltas(dirs, mine, theirs, {"file_roots": {"base": [BASE]}})
+        is None
     )
 
 

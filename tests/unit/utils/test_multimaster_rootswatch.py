@@ -10,6 +10,7 @@ import shutil
 import threading
 
 import multimaster_manifest as manifest
+import multimaster_rootsread as rootsread
 import multimaster_rootswatch as rootswatch
 import multimaster_safefs as safefs
 import pytest
@@ -144,9 +145,9 @@ def test_a_rewrite_its_stat_does_not_show_is_hashed_again(tree, engine, monkeypa
     A file rewritten with its size within one timestamp tick keeps its stat key: its directory
     is in the record, and a file written too recently to trust its key is hashed again.
     """
-    now = manifest.time.time_ns()
+    now = rootsread.time.time_ns()
     monkeypatch.setattr(
-        manifest, "_stat_key", lambda info: [info.st_dev, info.st_ino, info.st_size, now, now]
+        rootsread, "_stat_key", lambda info: [info.st_dev, info.st_ino, info.st_size, now, now]
     )
     engine.start(tree)
     through_record(tree, engine.cachedir)
@@ -158,19 +159,19 @@ def test_only_the_directories_read_again_get_their_digests_computed(tree, engine
     engine.start(tree)
     through_record(tree, engine.cachedir)
     hashed = []
-    sha256_json = manifest._sha256_json
+    sha256_json = rootsread.sha256_json
 
     def counting(document):
         hashed.append(document)
         return sha256_json(document)
 
-    monkeypatch.setattr(manifest, "_sha256_json", counting)
+    monkeypatch.setattr(rootsread, "sha256_json", counting)
     through_record(tree, engine.cachedir)
     assert hashed == []
     (tree / "a" / "c" / "two.sls").write_text("changed\n")
     read = through_record(tree, engine.cachedir)
     assert [sorted(d["files"]) for d in hashed] == [["a/c/two.sls"]]
-    monkeypatch.setattr(manifest, "_sha256_json", sha256_json)
+    monkeypatch.setattr(rootsread, "sha256_json", sha256_json)
     assert read == full_scan(tree)
 
 
@@ -266,7 +267,7 @@ def test_a_request_that_is_not_a_number_gets_no_answer(tree, engine):
 
 
 def test_many_changed_directories_are_read_in_one_walk(tree, engine, reads):
-    many = [tree / "many" / f"m{n}" for n in range(manifest._MOST_DIRS + 1)]
+    many = [tree / "many" / f"m{n}" for n in range(rootsread._MOST_DIRS + 1)]
     for directory in many:
         directory.mkdir(parents=True)
     engine.start(tree)
@@ -280,7 +281,7 @@ def test_many_changed_directories_are_read_in_one_walk(tree, engine, reads):
 
 def test_a_root_inside_another_hears_its_changes_as_the_outer_one_does(tree, engine, monkeypatch):
     # No file is read again for being recent: only the record says what changed.
-    monkeypatch.setattr(manifest, "_RACY_NS", -(10**9))
+    monkeypatch.setattr(rootsread, "_RACY_NS", -(10**9))
     inner = tree / "a"
     engine.start(tree, inner)
     through_record(tree, engine.cachedir)
