@@ -88,24 +88,28 @@ def _delete_all(root, pair, report):
 
 
 def _write_all(reader, root, pair, report):
-    batch = multimaster_safefs.Batch()
-    for entry in pair.get("write") or []:
-        blocks = reader.blocks(entry["size"])
+    with multimaster_safefs.Batch() as batch:
+        for entry in pair.get("write") or []:
+            _write_one(reader, root, pair, entry, batch, report)
         try:
-            multimaster_safefs.write_file(
-                root, entry["path"], blocks, entry["mode"], entry["sha256"], batch
-            )
-            report["written"] += 1
-            report["bytes"] += entry["size"]
+            multimaster_safefs.make_durable(root, batch)
         except OSError as exc:
-            report["failed"].append(_failure(root, pair, repr(entry["path"]), exc))
-        # Keep the stream aligned: what a refused write did not read belongs to this file.
-        for _ in blocks:
-            pass
+            report["failed"].append(_failure(root, pair, "syncing the directories written", exc))
+
+
+def _write_one(reader, root, pair, entry, batch, report):
+    blocks = reader.blocks(entry["size"])
     try:
-        multimaster_safefs.make_durable(root, batch)
+        multimaster_safefs.write_file(
+            root, entry["path"], blocks, entry["mode"], entry["sha256"], batch
+        )
+        report["written"] += 1
+        report["bytes"] += entry["size"]
     except OSError as exc:
-        report["failed"].append(_failure(root, pair, "syncing the directories written", exc))
+        report["failed"].append(_failure(root, pair, repr(entry["path"]), exc))
+    # Keep the stream aligned: what a refused write did not read belongs to this file.
+    for _ in blocks:
+        pass
 
 
 def _set_dir_modes(root, pair, report):

@@ -11,6 +11,8 @@ code asks these questions and nothing else about the Salt it runs under.
 - The native master cluster (``cluster_id``) exists from 3007.
 - How Salt itself is installed: onedir (3006+ packages, its own Python, ``salt-pip``), a distro
   package (the system Python), or pip (whatever Python runs it).
+- 3008 loads the minion's private key once per request channel (``AsyncAuth`` per event loop);
+  a channel can be handed the key an earlier one loaded.
 - 3008's ``pillar.get`` masks pillar values outside a template render unless ``unmask=True``;
   older Salts never mask and do not take the argument.
 """
@@ -143,3 +145,31 @@ def salt_install():
     path = os.path.realpath(os.path.dirname(salt.__file__))
     system = ("/usr/lib/python3", "/usr/lib64/python3")
     return "package" if path.startswith(system) else "pip"
+
+
+def minion_key_of(channel):
+    """
+    The minion's private key a request channel has loaded to sign its requests, where its
+    Salt keeps it on the channel's auth (3008); else None.
+
+    channel
+        A ``salt.channel.client.ReqChannel`` that has sent a request.
+    """
+    return getattr(getattr(channel, "auth", None), "_private_key", None)
+
+
+def reuse_minion_key(channel, key):
+    """
+    Hand a new request channel the private key ``minion_key_of`` took from an earlier channel
+    of the same minion, so that it does not load and check the PEM again (35 ms in 3008). Only
+    where the channel's auth keeps one and has not loaded it yet; elsewhere nothing changes.
+
+    channel
+        A new ``salt.channel.client.ReqChannel``.
+
+    key
+        What ``minion_key_of`` returned for an earlier channel, or None.
+    """
+    auth = getattr(channel, "auth", None)
+    if key is not None and getattr(auth, "_private_key", False) is None:
+        auth._private_key = key

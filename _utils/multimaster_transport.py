@@ -30,6 +30,7 @@ from contextlib import contextmanager
 
 import multimaster_jobcache
 import multimaster_safefs
+import multimaster_saltcompat
 import salt.channel.client
 import salt.utils.json
 from cryptography.exceptions import InvalidTag
@@ -770,8 +771,8 @@ class ContentPull:
     """
 
     # Requests per channel: Salt's request channel keeps what it received while it is open
-    # (a channel kept for a 200 MB stream grew the minion by 220 MB in bench_sync_roots), and
-    # a new channel loads this minion's key again (a channel per 1 MiB chunk: 18 s, not 10 s).
+    # (a channel kept for a 200 MB stream grew the minion by 220 MB in bench_sync_roots); a new
+    # one is handed the key the first loaded (multimaster_saltcompat.reuse_minion_key).
     REQUESTS_PER_CHANNEL = 16
 
     def __init__(self, minion_opts, peer_run):
@@ -781,12 +782,14 @@ class ContentPull:
         self._peer_run = peer_run
         self._channel = None
         self._requests = 0
+        self._key = None
 
     def _fileserver_pull(self, ticket, offset):
         if self._requests == self.REQUESTS_PER_CHANNEL:
             self.close()
         if self._channel is None:
             self._channel = salt.channel.client.ReqChannel.factory(self._opts)
+            multimaster_saltcompat.reuse_minion_key(self._channel, self._key)
             self._requests = 0
         self._requests += 1
         load = {
@@ -799,6 +802,8 @@ class ContentPull:
             return self._channel.send(load, timeout=PULL_TIMEOUT)
         except SaltReqTimeoutError:
             return {"error": f"the file server did not answer within {PULL_TIMEOUT} s"}
+        finally:
+            self._key = self._key or multimaster_saltcompat.minion_key_of(self._channel)
 
     def __call__(self, ticket, offset):
         if self.via == "fileserver":

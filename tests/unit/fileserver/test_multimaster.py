@@ -6,6 +6,7 @@ the next backend.
 """
 
 import os
+import types
 
 import multimaster_transport as transport
 import pytest
@@ -202,3 +203,34 @@ def test_a_refusal_of_the_file_server_is_never_retried_by_peer_run(peer):
     pull._fileserver_pull = lambda t, o: {"error": "unknown or used ticket: refusing a replay"}
     assert pull("t1", 0)["error"].startswith("unknown or used ticket")
     assert pull.via == "fileserver" and peer.calls == []
+
+
+class Channel:
+    """A request channel whose auth loads the minion's key at its first send, as 3008's does."""
+
+    made = []
+
+    def __init__(self, opts):
+        self.auth = types.SimpleNamespace(_private_key=None)
+        self.loads = 0
+        Channel.made.append(self)
+
+    def send(self, load, timeout=None):
+        if self.auth._private_key is None:
+            self.loads += 1
+            self.auth._private_key = object()
+        return {"bytes": b"x", "offset": load["loc"], "size": 10**6}
+
+    def close(self):
+        pass
+
+
+def test_a_stream_loads_the_minions_key_once_however_many_channels_it_opens(monkeypatch, peer):
+    monkeypatch.setattr(transport.salt.channel.client.ReqChannel, "factory", Channel)
+    Channel.made.clear()
+    with peer.pull() as pull:
+        for offset in range(3 * transport.ContentPull.REQUESTS_PER_CHANNEL):
+            assert pull("t1", offset)["bytes"] == b"x"
+    assert len(Channel.made) == 3
+    assert [c.loads for c in Channel.made] == [1, 0, 0]
+    assert len({id(c.auth._private_key) for c in Channel.made}) == 1

@@ -97,15 +97,32 @@ def test_a_batch_of_writes_syncs_each_directory_once_and_never_through_a_link(tm
     (tmp_path / "a" / "b").mkdir(parents=True)
     (tmp_path / "a" / "b" / "one.sls").write_text("old\n")
     (tmp_path / "top.sls").write_text("old\n")
-    batch = safefs.Batch()
-    for rel in ("a/b/one.sls", "top.sls"):
-        safefs.write_file(tmp_path, rel, [b"x"], 0o644, batch=batch)
+    with safefs.Batch() as batch:
+        for rel in ("a/b/one.sls", "top.sls"):
+            safefs.write_file(tmp_path, rel, [b"x"], 0o644, batch=batch)
     assert batch.dirs == {("a", "b"), ()} and not batch.unsynced
     safefs.make_durable(tmp_path, batch)
     (tmp_path / "a" / "b").rename(tmp_path / "a" / "moved")
     (tmp_path / "a" / "b").symlink_to("/etc")
     with pytest.raises(safefs.SafeFsError, match="not a plain directory"):
         safefs.make_durable(tmp_path, batch)
+
+
+def test_a_batch_walks_to_a_directory_once_for_its_files_and_closes_it(tmp_path, monkeypatch):
+    walks = []
+    real_open_dir = safefs._open_dir
+    monkeypatch.setattr(
+        safefs,
+        "_open_dir",
+        lambda root, parts, create: walks.append(parts) or real_open_dir(root, parts, create),
+    )
+    fds_before = len(os.listdir("/proc/self/fd"))
+    with safefs.Batch() as batch:
+        for rel in ("a/b/one.sls", "a/b/two.sls", "a/b/three.sls", "top.sls", "a/b/four.sls"):
+            safefs.write_file(tmp_path, rel, [rel.encode()], 0o644, batch=batch)
+    assert walks == [["a", "b"], [], ["a", "b"]]
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+    assert (tmp_path / "a" / "b" / "four.sls").read_text() == "a/b/four.sls"
 
 
 def test_only_a_new_file_of_a_batch_waits_for_the_batch_to_reach_the_disk(tmp_path, monkeypatch):
@@ -115,12 +132,12 @@ def test_only_a_new_file_of_a_batch_waits_for_the_batch_to_reach_the_disk(tmp_pa
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
     monkeypatch.setattr(os, "sync", lambda: flushed.append(True))
-    batch = safefs.Batch()
-    safefs.write_file(tmp_path, "old.sls", [b"new\n"], 0o644, batch=batch)
-    assert len(synced) == 1 and not batch.unsynced  # the replacing file, before its rename
-    safefs.write_file(tmp_path, "new/one.sls", [b"new\n"], 0o644, batch=batch)
-    assert len(synced) == 1 and batch.unsynced
-    safefs.make_durable(tmp_path, batch)
+    with safefs.Batch() as batch:
+        safefs.write_file(tmp_path, "old.sls", [b"new\n"], 0o644, batch=batch)
+        assert len(synced) == 1 and not batch.unsynced  # the replacing file, before its rename
+        safefs.write_file(tmp_path, "new/one.sls", [b"new\n"], 0o644, batch=batch)
+        assert len(synced) == 1 and batch.unsynced
+        safefs.make_durable(tmp_path, batch)
     assert flushed == [True]
     assert (tmp_path / "new" / "one.sls").read_text() == "new\n"
 
