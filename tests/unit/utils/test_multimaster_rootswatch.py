@@ -6,6 +6,7 @@ and falls back to a full scan where no engine answers.
 """
 
 import os
+import pathlib
 import shutil
 import threading
 
@@ -138,6 +139,30 @@ def test_a_no_op_reads_no_directory_and_one_change_reads_one(tree, engine, reads
     (tree / "a" / "c" / "two.sls").write_text("changed\n")
     through_record(tree, engine.cachedir)
     assert reads == [("a/c", False)]
+
+
+def test_a_read_of_a_few_directories_keeps_the_snapshot_and_the_next_reads_them_again(
+    tree, engine, reads, monkeypatch
+):
+    monkeypatch.setattr(rootsread, "_FEW_DIRS", 2)
+    engine.start(tree)
+    through_record(tree, engine.cachedir)
+    snapshot = pathlib.Path(rootsread._snapshot_path(engine.cachedir, str(tree)))
+    kept = snapshot.read_bytes()
+    (tree / "a" / "c" / "two.sls").write_text("changed\n")
+    assert through_record(tree, engine.cachedir) == full_scan(tree)
+    assert snapshot.read_bytes() == kept
+    reads.clear()
+    (tree / "d" / "x.sls").write_text("changed too\n")
+    assert through_record(tree, engine.cachedir) == full_scan(tree)
+    assert sorted(reads[:-1]) == [("a/c", False), ("d", False)]
+    # Past the few, the read brings the snapshot to the record's number.
+    (tree / "a" / "b" / "one.sls").write_text("changed as well\n")
+    assert through_record(tree, engine.cachedir) == full_scan(tree)
+    assert snapshot.read_bytes() != kept
+    reads.clear()
+    assert through_record(tree, engine.cachedir) == full_scan(tree)
+    assert reads[:-1] == []
 
 
 def test_a_rewrite_its_stat_does_not_show_is_hashed_again(tree, engine, monkeypatch):
