@@ -38,8 +38,9 @@ BALANCER = "10.0.3.20"
 MASTER_OF = {**{m: HOSTS[m] for m in MASTERS}, "lb1": HOSTS["salt1"], "minion1": BALANCER}
 # How long every minion may take to answer a master's job after the walk-through.
 EVERY_MINION_TIMEOUT = 90
-# What one block may take at most (the cluster forming, the minions' keys).
-BLOCK_TIMEOUT = 300
+# What one block may take at most. The longest is add_master's orchestration, which restarts
+# every master in turn: 79 s on an idle machine, past 290 s once in a CI run (it hit 300 s).
+BLOCK_TIMEOUT = 600
 
 
 def test_the_cluster_walk_through_runs_as_written(host_set):
