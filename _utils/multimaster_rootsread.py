@@ -195,7 +195,7 @@ def _read_with_record(root, ignored, cachedir):
     names as changed since read again (all of it where the record cannot say:
     ``multimaster_rootswatch.usable``), and only their digests computed again; None where no
     engine watches the root. The snapshot (the master's 0700 cachedir) is then brought to the
-    record's number.
+    record's number, unless the read went over no more than ``_FEW_DIRS`` directories.
     """
     path = _snapshot_path(cachedir, root)
     snapshot = _load_snapshot(path)
