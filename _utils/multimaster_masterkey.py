@@ -213,8 +213,16 @@ def key_plan(run, section, signing, timeout):
     What each master stores now; refuse what must not go ahead. Returns ``(plan, errors)``.
     """
     order = multimaster_control.ids(section)
-    info, errors = multimaster_control.call(
-        run, section, order, "master_key_info", {"signing": signing}, 60
+    # A master whose restart began after the run's settle check (the job that scheduled it
+    # had just returned) answers nothing, or stops this master's publishes: wait it out, ask
+    # again.
+    info, errors = multimaster_control.settled_round(
+        run,
+        section,
+        lambda: multimaster_control.call(
+            run, section, order, "master_key_info", {"signing": signing}, 60
+        ),
+        lambda result: result,
     )
     primary = order[0]
     if primary not in info or not info[primary].get("pub"):

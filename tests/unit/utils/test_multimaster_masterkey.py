@@ -7,6 +7,8 @@ import multimaster_control
 import multimaster_masterkey
 import pytest
 
+from tests.support.keyfactory import priv_pem, pub_pem, rsa_private
+
 
 @pytest.fixture
 def run(tmp_path):
@@ -78,3 +80,25 @@ def test_a_master_that_does_not_run_is_reported_not_signed_in_to(run, monkeypatc
         "reason": multimaster_masterkey.NOT_RUNNING,
     }
     assert ret["masters"]["m1"]["served"] is True and ret["masters"]["m1"]["verified_by"] == "m2"
+
+
+def test_a_primary_that_began_restarting_after_the_settle_check_is_waited_for(run, monkeypatch):
+    # The job that scheduled the restart had just returned: the settle check saw none pending,
+    # then the primary's control minion went silent with its master's restart.
+    key = rsa_private(tag=31)
+    section = {"masters": [{"id": "m1"}, {"id": "m2"}]}
+    info = {"pub": pub_pem(key)}
+    rounds = [({"m2": info}, {"m1": "no answer"}), ({"m1": info, "m2": info}, {})]
+    waited = []
+    monkeypatch.setattr(multimaster_control, "call", lambda *a, **k: rounds.pop(0))
+    monkeypatch.setattr(
+        multimaster_control,
+        "await_restarts",
+        lambda run, found, masters: waited.append(masters) or masters,
+    )
+    monkeypatch.setattr(
+        multimaster_masterkey, "_local_pair", lambda *a: (priv_pem(key), info["pub"])
+    )
+    plan, errors = multimaster_masterkey.key_plan(run, section, False, 60)
+    assert waited == [["m1"]] and rounds == []
+    assert errors == {} and sorted(plan["info"]) == ["m1", "m2"] and plan["stale"] == []
